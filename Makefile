@@ -1,0 +1,74 @@
+# Deltafin — build, run and test.  `make` builds ./deltafin; `make run` and `make test` are the quick start.
+CC      ?= cc
+PKGS    := libpcre2-8 liburing libcurl libmicrohttpd jansson
+PKG_CFLAGS := $(shell pkg-config --cflags $(PKGS) 2>/dev/null)
+PKG_LIBS   := $(shell pkg-config --libs $(PKGS) 2>/dev/null)
+WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
+CFLAGS  ?= -O2 -g
+CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -pthread -fno-strict-aliasing $(PKG_CFLAGS)
+LDLIBS  += $(PKG_LIBS) -lm -pthread
+SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
+
+LIB_SRC := $(sort $(wildcard src/*/*.c))
+LIB_SRC := $(filter-out src/cli/%,$(LIB_SRC))
+CLI_SRC := $(sort $(wildcard src/cli/*.c))
+TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
+
+B := build
+BIN ?= deltafin
+LIB_OBJ := $(LIB_SRC:%.c=$(B)/rel/%.o)
+CLI_OBJ := $(CLI_SRC:%.c=$(B)/rel/%.o)
+ASAN_LIB_OBJ := $(LIB_SRC:%.c=$(B)/asan/%.o)
+ASAN_CLI_OBJ := $(CLI_SRC:%.c=$(B)/asan/%.o)
+TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/asan/tests/%)
+
+.PHONY: all run test deps clean tests-build clang-check
+all: $(BIN)
+
+deps:
+	@bash scripts/install-deps.sh
+
+$(B)/rel/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+
+$(B)/asan/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 $(SAN) -MMD -MP -c $< -o $@
+
+$(B)/libdeltafin.a: $(LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(B)/asan/libdeltafin.a: $(ASAN_LIB_OBJ)
+	@rm -f $@
+	ar rcs $@ $^
+
+$(BIN): $(CLI_OBJ) $(B)/libdeltafin.a
+	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+
+$(B)/asan/deltafin: $(ASAN_CLI_OBJ) $(B)/asan/libdeltafin.a
+	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS)
+
+$(B)/asan/tests/%: tests/unit/%.c $(B)/asan/libdeltafin.a
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -O1 $(SAN) -Itests/unit -o $@ $< $(B)/asan/libdeltafin.a $(LDLIBS)
+
+tests-build: $(BIN) $(B)/asan/deltafin $(TEST_BIN)
+
+run: 
+	@bash scripts/install-deps.sh --if-missing
+	@$(MAKE) --no-print-directory deltafin
+	./deltafin run --demo
+
+test: tests-build
+	@bash tests/run.sh
+
+# The same sources must also build warning-free with clang.
+clang-check:
+	$(MAKE) --no-print-directory CC=clang B=build/clang BIN=build/clang/deltafin build/clang/deltafin
+
+clean:
+	rm -rf build deltafin
+
+-include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -1,0 +1,78 @@
+/* deltafin.h — the public interface of libdeltafin.
+ *
+ * An engine is a loaded model (weights behind the storage layer, kernels, thread pool). A session is one
+ * conversation's state (KDA recurrent + conv state, MLA latent cache, position). Sessions feed token ids and
+ * get logits back; everything above that (tokenizer, chat formats, sampling, server) is built on this.
+ *
+ * Errors: every call that can fail returns DF_OK (0) or a negative df_status and fills a df_error with a
+ * message naming the file/tensor/field at fault. Only programming errors and out-of-memory abort. */
+#ifndef DELTAFIN_H
+#define DELTAFIN_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    DF_OK = 0,
+    DF_EINVAL = -1,      /* bad argument or request */
+    DF_EIO = -2,         /* read/write/network failure */
+    DF_EFORMAT = -3,     /* malformed file: safetensors, JSON, tokenizer */
+    DF_ENOMEM = -4,      /* a budget could not be met */
+    DF_EUNSUPPORTED = -5,
+    DF_ECANCELLED = -6,
+} df_status;
+
+typedef struct df_error {
+    int code;
+    char msg[1024];
+} df_error;
+
+typedef struct df_engine df_engine;
+typedef struct df_session df_session;
+
+typedef struct df_engine_opts {
+    const char *model_dir;
+    int n_threads;            /* 0 = all online cores */
+    int alog_per_channel;     /* K3 A_log read per key channel instead of per head (SPEC §8.1); off by default */
+} df_engine_opts;
+
+typedef struct df_model_info {
+    const char *family;       /* "kimi_linear" or "kimi_k3" */
+    int vocab_size;
+    int hidden_size;
+    int n_layers;
+    int bos_id, eos_id;
+    int64_t max_context;
+} df_model_info;
+
+void df_engine_opts_default(df_engine_opts *opts);
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
+void df_engine_free(df_engine *eng);
+const df_model_info *df_engine_info(const df_engine *eng);
+/* Writes a human-readable description (family, schedule, byte counts, dtypes, problems) to buf. */
+int df_engine_describe(const df_engine *eng, char *buf, size_t cap);
+
+int df_session_init(df_session **out, df_engine *eng, df_error *err);
+void df_session_free(df_session *s);
+/* Consumes n tokens as one batch. logits: [n, vocab] when all_rows, else [vocab] for the last token;
+ * may be NULL. */
+int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err);
+int64_t df_session_pos(const df_session *s);
+/* Copies the whole state of src into dst (same engine): rollback, prefix reuse. */
+int df_session_copy(df_session *dst, const df_session *src, df_error *err);
+void df_session_reset(df_session *s);
+
+void df_error_set(df_error *err, int code, const char *fmt, ...)
+#if defined(__GNUC__)
+    __attribute__((format(printf, 3, 4)))
+#endif
+    ;
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,9 @@
+/* cmd_bench.c — `deltafin bench` (placeholder until its issue lands). */
+#include <stdio.h>
+#include "cli.h"
+
+int cmd_bench(int argc, char **argv) {
+    (void)argc;
+    fprintf(stderr, "deltafin %s: not implemented yet\n", argv[0]);
+    return 2;
+}

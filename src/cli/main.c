@@ -1,0 +1,40 @@
+/* main.c — `deltafin` entry point: dispatches to a subcommand. */
+#include <stdio.h>
+#include <string.h>
+#include "cli.h"
+
+static const struct {
+    const char *name;
+    int (*fn)(int, char **);
+    const char *help;
+} commands[] = {
+    {"run", cmd_run, "generate a continuation of a prompt"},
+    {"chat", cmd_chat, "interactive chat"},
+    {"serve", cmd_serve, "OpenAI-compatible HTTP server"},
+    {"fetch", cmd_fetch, "download a model or parts of it"},
+    {"bench", cmd_bench, "benchmarks: decode, kernels, fetch"},
+    {"synth", cmd_synth, "write a synthetic checkpoint with real shapes"},
+    {"logits", cmd_logits, "write the logits of a token prompt"},
+    {"info", cmd_info, "describe a checkpoint"},
+    {"tokenize", cmd_tokenize, "text to token ids"},
+    {"detokenize", cmd_detokenize, "token ids to text"},
+    {"quantize", cmd_quantize, "write an int8 spine"},
+};
+
+static void usage(FILE *f) {
+    fprintf(f, "usage: deltafin COMMAND [options]   (deltafin COMMAND --help for options)\n\ncommands:\n");
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
+        usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
+        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+    fprintf(stderr, "deltafin: unknown command '%s'\n", argv[1]);
+    usage(stderr);
+    return 2;
+}

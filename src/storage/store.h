@@ -1,0 +1,56 @@
+/* store.h — the storage seam: the only way model code reaches weights.
+ *
+ * The model asks for "the spine tensors of layer i" (acquire/release around their use) and for "the packed
+ * bytes of expert (layer, e)" (prefetch the layer's selection, then acquire each and release it). Behind
+ * this interface storage decides what is resident and where bytes come from (mmap of local shards today;
+ * direct-I/O expert reads, an expert cache, spine streaming and remote fetch later) without the model
+ * noticing. Views stay valid until released. Names passed in are checkpoint names relative to the text
+ * model root: "model.embed_tokens.weight", "lm_head.weight", "model.output_attn_res_norm.weight"; layer
+ * tensors relative to "model.layers.{i}.": "self_attn.q_proj.weight". The K3 "language_model." prefix is
+ * resolved by storage. */
+#ifndef DF_STORE_H
+#define DF_STORE_H
+
+#include <stdint.h>
+#include "deltafin.h"
+#include "../common/tensor.h"
+
+typedef struct df_store df_store;
+typedef struct df_store_layer df_store_layer;
+
+/* One routed expert: gate (w1) [I, D], down (w2) [D, I], up (w3) [I, D]. */
+typedef struct df_expert {
+    df_tensor w1, w2, w3;
+} df_expert;
+
+int store_open(df_store **out, const char *dir, df_error *err);
+void store_free(df_store *st);
+
+const char *store_dir(const df_store *st);
+/* config.json of the checkpoint, as text (owned by the store). */
+const char *store_config_text(const df_store *st);
+/* A file in the model folder (tokenizer, generation config), read whole; caller frees. NULL if absent. */
+char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err);
+
+/* A top-level tensor, or NULL when the checkpoint has none of that name. */
+const df_tensor *store_global(df_store *st, const char *name);
+
+int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_error *err);
+/* A tensor of an acquired layer, or NULL when absent (optional tensors are probed this way). */
+const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix);
+void store_layer_release(df_store *st, const df_store_layer *l);
+
+/* Number of routed experts stored for a layer (0 for dense layers). */
+int store_expert_count(const df_store *st, int layer);
+/* Hint: the model will need these experts of this layer soon; storage may start reading them. */
+int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err);
+/* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
+ * the file and tensor). */
+int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
+void store_expert_release(df_store *st, int layer, int e);
+
+/* Describes the checkpoint for `deltafin info`: tensors, bytes of spine vs experts, dtypes, expert spans,
+ * problems found. Appends to buf (NUL-terminated, truncated at cap). */
+void store_describe(const df_store *st, char *buf, size_t cap);
+
+#endif
