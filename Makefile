@@ -30,11 +30,13 @@ deps:
 
 $(B)/rel/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
+	@echo "CC  $<"
+	@$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
 $(B)/asan/%.o: %.c
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O1 $(SAN) -MMD -MP -c $< -o $@
+	@echo "CC  $< (asan)"
+	@$(CC) $(CFLAGS) -O1 $(SAN) -MMD -MP -c $< -o $@
 
 $(B)/libdeltafin.a: $(LIB_OBJ)
 	@rm -f $@
@@ -52,7 +54,8 @@ $(B)/asan/deltafin: $(ASAN_CLI_OBJ) $(B)/asan/libdeltafin.a
 
 $(B)/asan/tests/%: tests/unit/%.c $(B)/asan/libdeltafin.a
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -O1 $(SAN) -Itests/unit -o $@ $< $(B)/asan/libdeltafin.a $(LDLIBS)
+	@echo "LD  $@"
+	@$(CC) $(CFLAGS) -O1 $(SAN) -Itests/unit -o $@ $< $(B)/asan/libdeltafin.a $(LDLIBS)
 
 tests-build: $(BIN) $(B)/asan/deltafin $(TEST_BIN)
 

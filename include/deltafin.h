@@ -38,6 +38,7 @@ typedef struct df_engine_opts {
     const char *model_dir;
     int n_threads;            /* 0 = all online cores */
     int alog_per_channel;     /* K3 A_log read per key channel instead of per head (SPEC §8.1); off by default */
+    const char *isa;          /* kernel ISA ("scalar", "avx2", "avx512", "neon"); NULL = best, or $DELTAFIN_ISA */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -53,6 +54,8 @@ void df_engine_opts_default(df_engine_opts *opts);
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
 void df_engine_free(df_engine *eng);
 const df_model_info *df_engine_info(const df_engine *eng);
+/* Checks every tensor the forward pass will use against the config (names, shapes, dtypes). */
+int df_engine_check(df_engine *eng, df_error *err);
 /* Writes a human-readable description (family, schedule, byte counts, dtypes, problems) to buf. */
 int df_engine_describe(const df_engine *eng, char *buf, size_t cap);
 

@@ -2,6 +2,9 @@
 #ifndef DF_CLI_H
 #define DF_CLI_H
 
+#include <stdint.h>
+#include "deltafin.h"
+
 int cmd_run(int argc, char **argv);
 int cmd_chat(int argc, char **argv);
 int cmd_logits(int argc, char **argv);

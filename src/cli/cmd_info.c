@@ -1,9 +1,40 @@
-/* cmd_info.c — `deltafin info`. */
+/* cmd_info.c — `deltafin info -m DIR`: family, layer schedule, parameter and byte counts, dtypes, and any
+ * problem found by checking every tensor against the config. */
+#include <getopt.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include "cli.h"
+#include "deltafin.h"
+#include "common/util.h"
 
 int cmd_info(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "deltafin %s: not implemented yet\n", argv[0]);
-    return 2;
+    static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    df_engine_opts opts;
+    df_engine_opts_default(&opts);
+    opts.n_threads = 1;
+    int c;
+    while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
+        if (c == 'm') opts.model_dir = optarg;
+        else {
+            fprintf(stderr, "usage: deltafin info -m DIR\n");
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    if (!opts.model_dir) opts.model_dir = cli_default_model();
+    df_error err = {0};
+    df_engine *eng = NULL;
+    if (df_engine_open(&eng, &opts, &err)) {
+        fprintf(stderr, "deltafin info: %s\n", err.msg);
+        return 1;
+    }
+    size_t cap = 1 << 16;
+    char *buf = xmalloc(cap);
+    df_engine_describe(eng, buf, cap);
+    printf("model: %s\n%s", opts.model_dir, buf);
+    int rc = df_engine_check(eng, &err);
+    if (rc) printf("problem: %s\n", err.msg);
+    else printf("check: every tensor present with the expected shape\n");
+    free(buf);
+    df_engine_free(eng);
+    return rc ? 1 : 0;
 }

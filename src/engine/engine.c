@@ -1,0 +1,134 @@
+/* engine.c — the public API of include/deltafin.h: an engine ties storage, kernels and the model
+ * together; a session holds one conversation's state. A session whose evaluation failed part-way is reset,
+ * since its layers may have consumed the tokens unevenly. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "deltafin.h"
+#include "common/util.h"
+#include "model/model.h"
+
+struct df_engine {
+    df_store *store;
+    df_kern kern;
+    df_model model;
+    df_model_info info;
+};
+
+struct df_session {
+    df_engine *eng;
+    df_state *state;
+};
+
+void df_engine_opts_default(df_engine_opts *o) {
+    memset(o, 0, sizeof *o);
+}
+
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
+    *out = NULL;
+    if (!opts || !opts->model_dir) {
+        df_error_set(err, DF_EINVAL, "no model folder given");
+        return DF_EINVAL;
+    }
+    df_engine *e = xcalloc(1, sizeof *e);
+    int rc = store_open(&e->store, opts->model_dir, err);
+    if (rc) {
+        free(e);
+        return rc;
+    }
+    char *cfg_path = df_path_join(opts->model_dir, "config.json");
+    rc = config_parse(&e->model.cfg, store_config_text(e->store), cfg_path, err);
+    free(cfg_path);
+    if (rc) {
+        store_free(e->store);
+        free(e);
+        return rc;
+    }
+    int threads = opts->n_threads > 0 ? opts->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
+    if (kern_init(&e->kern, threads, opts->isa)) {
+        df_error_set(err, DF_EUNSUPPORTED, "kernel ISA \"%s\" is not available on this CPU or build",
+                     opts->isa ? opts->isa : getenv("DELTAFIN_ISA"));
+        config_free(&e->model.cfg);
+        store_free(e->store);
+        free(e);
+        return DF_EUNSUPPORTED;
+    }
+    e->model.store = e->store;
+    e->model.kern = &e->kern;
+    e->model.alog_per_channel = opts->alog_per_channel;
+    e->model.dir = store_dir(e->store);
+    const df_config *c = &e->model.cfg;
+    e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
+                              c->eos_id, c->max_ctx};
+    *out = e;
+    return DF_OK;
+}
+
+void df_engine_free(df_engine *e) {
+    if (!e) return;
+    kern_free(&e->kern);
+    config_free(&e->model.cfg);
+    store_free(e->store);
+    free(e);
+}
+
+const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
+
+int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
+    const df_config *c = &e->model.cfg;
+    int n = snprintf(buf, cap, "family: %s\nlayers: %d (hidden %d, vocab %d)\nschedule: ", e->info.family,
+                     c->n_layers, c->d, c->vocab);
+    for (int i = 0; i < c->n_layers && n < (int)cap; i++)
+        n += snprintf(buf + n, cap - n, "%s%s", c->mixer[i] == MIXER_KDA ? "K" : "M",
+                      c->ffn[i] == FFN_MOE ? "e" : "d");
+    if (n < (int)cap)
+        n += snprintf(buf + n, cap - n, "   (K=KDA M=MLA, e=MoE d=dense)\n"
+                      "kda: %d heads x %d, conv %d%s%s\nmla: %d heads, q_lora %d, kv_lora %d, nope %d, rope %d, v %d%s\n"
+                      "moe: %d experts, top %d, %d shared, width %d%s, groups %d/%d, scale %g\n"
+                      "ffn activation: %s; attn_res block: %d\nkernels: %s, %d threads\n",
+                      c->kda_heads, c->kda_dim, c->conv_w, c->full_rank_gate ? ", full-rank gate" : "",
+                      c->has_lower_bound ? ", lower-bounded decay" : "", c->mla_heads, c->q_lora, c->kv_lora,
+                      c->nope, c->rope, c->vdim, c->mla_out_gate ? ", output gate" : "", c->n_experts, c->topk,
+                      c->n_shared, c->moe_inter, c->latent_dim ? " (latent)" : "", c->topk_group, c->n_group,
+                      c->routed_scale, c->use_situ ? "SiTU-GLU" : "SwiGLU", c->attn_res_block, e->kern.k->isa,
+                      e->kern.n_threads);
+    if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
+    return DF_OK;
+}
+
+int df_engine_check(df_engine *e, df_error *err) { return model_check(&e->model, err); }
+
+int df_session_init(df_session **out, df_engine *eng, df_error *err) {
+    (void)err;
+    df_session *s = xcalloc(1, sizeof *s);
+    s->eng = eng;
+    s->state = state_new(&eng->model);
+    *out = s;
+    return DF_OK;
+}
+
+void df_session_free(df_session *s) {
+    if (!s) return;
+    state_free(s->state);
+    free(s);
+}
+
+int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err) {
+    int rc = model_forward(&s->eng->model, s->state, tokens, n, logits, all_rows, err);
+    if (rc && rc != DF_EINVAL) state_reset(&s->eng->model, s->state);
+    return rc;
+}
+
+int64_t df_session_pos(const df_session *s) { return s->state->pos; }
+
+int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
+    if (dst->eng != src->eng) {
+        df_error_set(err, DF_EINVAL, "sessions belong to different engines");
+        return DF_EINVAL;
+    }
+    state_copy(&src->eng->model, dst->state, src->state);
+    return DF_OK;
+}
+
+void df_session_reset(df_session *s) { state_reset(&s->eng->model, s->state); }

@@ -1,0 +1,243 @@
+/* config.c — reads config.json (both families, with Moonshot's and transformers' key spellings) into a
+ * df_config and checks it enough that the forward pass can trust its numbers. */
+#include "config.h"
+
+#include <jansson.h>
+#include <string.h>
+#include "common/util.h"
+
+typedef struct {
+    json_t *root;
+    const char *path;
+    df_error *err;
+    int failed;
+} cfg_reader;
+
+/* First key present among a NULL-terminated list of spellings. */
+static json_t *cfg_find(cfg_reader *r, const char *const *keys) {
+    for (int i = 0; keys[i]; i++) {
+        json_t *v = json_object_get(r->root, keys[i]);
+        if (v && !json_is_null(v)) return v;
+    }
+    return NULL;
+}
+
+static int64_t cfg_int(cfg_reader *r, const char *const *keys, int64_t dflt, int required) {
+    json_t *v = cfg_find(r, keys);
+    if (!v) {
+        if (required && !r->failed) {
+            df_error_set(r->err, DF_EFORMAT, "%s: missing required key \"%s\"", r->path, keys[0]);
+            r->failed = 1;
+        }
+        return dflt;
+    }
+    if (json_is_integer(v)) return json_integer_value(v);
+    if (json_is_real(v) && json_real_value(v) == (double)(int64_t)json_real_value(v))
+        return (int64_t)json_real_value(v);
+    if (json_is_boolean(v)) return json_is_true(v);
+    if (!r->failed) {
+        df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" must be an integer", r->path, keys[0]);
+        r->failed = 1;
+    }
+    return dflt;
+}
+
+static double cfg_num(cfg_reader *r, const char *const *keys, double dflt) {
+    json_t *v = cfg_find(r, keys);
+    if (!v) return dflt;
+    if (json_is_number(v)) return json_number_value(v);
+    if (!r->failed) {
+        df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" must be a number", r->path, keys[0]);
+        r->failed = 1;
+    }
+    return dflt;
+}
+
+#define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
+
+/* Marks layers listed (1-based) in linear_attn_config[key] as kind. */
+static int cfg_layer_list(cfg_reader *r, json_t *lac, const char *key, df_config *c, uint8_t kind,
+                          uint8_t *seen) {
+    json_t *list = json_object_get(lac, key);
+    if (!json_is_array(list)) {
+        df_error_set(r->err, DF_EFORMAT, "%s: linear_attn_config.%s must be a list of 1-based layer numbers",
+                     r->path, key);
+        return -1;
+    }
+    size_t i;
+    json_t *v;
+    json_array_foreach(list, i, v) {
+        json_int_t n = json_is_integer(v) ? json_integer_value(v) : 0;
+        if (n < 1 || n > c->n_layers || seen[n - 1]) {
+            df_error_set(r->err, DF_EFORMAT, "%s: linear_attn_config.%s[%zu] = %lld is out of range 1..%d or "
+                         "listed twice", r->path, key, i, (long long)n, c->n_layers);
+            return -1;
+        }
+        seen[n - 1] = 1;
+        c->mixer[n - 1] = kind;
+    }
+    return 0;
+}
+
+static int cfg_read_text(cfg_reader *r, df_config *c) {
+    c->vocab = (int)cfg_int(r, KEYS("vocab_size"), 0, 1);
+    c->d = (int)cfg_int(r, KEYS("hidden_size"), 0, 1);
+    c->n_layers = (int)cfg_int(r, KEYS("num_hidden_layers"), 0, 1);
+    c->eps = (float)cfg_num(r, KEYS("rms_norm_eps"), 1e-5);
+    c->max_ctx = cfg_int(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0);
+    c->bos_id = (int)cfg_int(r, KEYS("bos_token_id"), -1, 0);
+    c->eos_id = (int)cfg_int(r, KEYS("eos_token_id"), -1, 0);
+    c->dense_inter = (int)cfg_int(r, KEYS("intermediate_size"), 0, 1);
+
+    json_t *act = json_object_get(r->root, "hidden_act");
+    const char *a = json_is_string(act) ? json_string_value(act) : "silu";
+    if (!strcmp(a, "situ")) {
+        c->use_situ = 1;
+    } else if (strcmp(a, "silu") && strcmp(a, "swish")) {
+        df_error_set(r->err, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu or situ)", r->path, a);
+        return -1;
+    }
+    c->situ_beta = (float)cfg_num(r, KEYS("activation_situ_beta"), 4.0);
+    c->situ_lin_beta = (float)cfg_num(r, KEYS("activation_situ_linear_beta"), 0.0);
+
+    c->n_experts = (int)cfg_int(r, KEYS("num_experts", "num_local_experts", "n_routed_experts"), 0, 0);
+    c->topk = (int)cfg_int(r, KEYS("num_experts_per_token", "num_experts_per_tok"), 0, 0);
+    c->n_shared = (int)cfg_int(r, KEYS("num_shared_experts", "n_shared_experts"), 0, 0);
+    c->moe_inter = (int)cfg_int(r, KEYS("moe_intermediate_size"), 0, 0);
+    c->n_group = (int)cfg_int(r, KEYS("num_expert_group", "n_group"), 1, 0);
+    c->topk_group = (int)cfg_int(r, KEYS("topk_group"), 1, 0);
+    json_t *ug = json_object_get(r->root, "use_grouped_topk");
+    if (ug && json_is_false(ug)) c->n_group = c->topk_group = 1;
+    c->renorm = (int)cfg_int(r, KEYS("moe_renormalize", "norm_topk_prob"), 1, 0);
+    c->routed_scale = (float)cfg_num(r, KEYS("routed_scaling_factor"), 1.0);
+    c->first_dense = (int)cfg_int(r, KEYS("first_k_dense_replace"), 0, 0);
+    c->moe_freq = (int)cfg_int(r, KEYS("moe_layer_freq"), 1, 0);
+    c->latent_dim = (int)cfg_int(r, KEYS("routed_expert_hidden_size"), 0, 0);
+    c->latent_norm = (int)cfg_int(r, KEYS("latent_moe_use_norm"), 0, 0);
+    json_t *func = json_object_get(r->root, "moe_router_activation_func");
+    if (func && json_is_string(func) && strcmp(json_string_value(func), "sigmoid")) {
+        df_error_set(r->err, DF_EUNSUPPORTED, "%s: moe_router_activation_func \"%s\" is not supported (sigmoid)",
+                     r->path, json_string_value(func));
+        return -1;
+    }
+
+    c->mla_heads = (int)cfg_int(r, KEYS("num_attention_heads"), 0, 1);
+    c->q_lora = (int)cfg_int(r, KEYS("q_lora_rank"), 0, 0);
+    c->kv_lora = (int)cfg_int(r, KEYS("kv_lora_rank"), 0, 1);
+    c->nope = (int)cfg_int(r, KEYS("qk_nope_head_dim"), 0, 1);
+    c->rope = (int)cfg_int(r, KEYS("qk_rope_head_dim"), 0, 1);
+    c->vdim = (int)cfg_int(r, KEYS("v_head_dim"), 0, 1);
+    c->mla_out_gate = (int)cfg_int(r, KEYS("mla_use_output_gate"), 0, 0);
+    c->attn_res_block = (int)cfg_int(r, KEYS("attn_res_block_size"), 0, 0);
+    return r->failed ? -1 : 0;
+}
+
+static int cfg_read_linear_attn(cfg_reader *r, df_config *c) {
+    json_t *lac = json_object_get(r->root, "linear_attn_config");
+    if (!json_is_object(lac)) {
+        df_error_set(r->err, DF_EFORMAT, "%s: missing linear_attn_config (the layer schedule)", r->path);
+        return -1;
+    }
+    cfg_reader sub = {lac, r->path, r->err, 0};
+    c->kda_heads = (int)cfg_int(&sub, KEYS("num_heads"), 0, 1);
+    c->kda_dim = (int)cfg_int(&sub, KEYS("head_dim"), 0, 1);
+    c->conv_w = (int)cfg_int(&sub, KEYS("short_conv_kernel_size"), 4, 0);
+    c->full_rank_gate = (int)cfg_int(&sub, KEYS("use_full_rank_gate"), 0, 0);
+    json_t *lb = json_object_get(lac, "gate_lower_bound");
+    if (lb && json_is_number(lb)) {
+        c->has_lower_bound = 1;
+        c->lower_bound = (float)json_number_value(lb);
+    }
+    if (sub.failed) return -1;
+    c->mixer = xcalloc(c->n_layers, 1);
+    c->ffn = xcalloc(c->n_layers, 1);
+    uint8_t *seen = xcalloc(c->n_layers, 1);
+    int rc = cfg_layer_list(r, lac, "kda_layers", c, MIXER_KDA, seen);
+    if (!rc) rc = cfg_layer_list(r, lac, "full_attn_layers", c, MIXER_MLA, seen);
+    for (int i = 0; !rc && i < c->n_layers; i++)
+        if (!seen[i]) {
+            df_error_set(r->err, DF_EFORMAT, "%s: layer %d (1-based) is in neither kda_layers nor "
+                         "full_attn_layers", r->path, i + 1);
+            rc = -1;
+        }
+    free(seen);
+    return rc;
+}
+
+static int cfg_check(cfg_reader *r, df_config *c) {
+    const char *bad = NULL;
+    if (c->vocab <= 0 || c->d <= 0 || c->n_layers <= 0) bad = "vocab_size, hidden_size, num_hidden_layers";
+    else if (c->kda_heads <= 0 || c->kda_dim <= 0 || c->conv_w < 1) bad = "linear_attn_config num_heads/head_dim";
+    else if (c->mla_heads <= 0 || c->kv_lora <= 0 || c->nope <= 0 || c->vdim <= 0 || c->rope < 0)
+        bad = "MLA head sizes";
+    else if (c->moe_freq < 1) bad = "moe_layer_freq";
+    if (bad) {
+        df_error_set(r->err, DF_EFORMAT, "%s: invalid %s", r->path, bad);
+        return -1;
+    }
+    int any_moe = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        c->ffn[i] = (i >= c->first_dense && i % c->moe_freq == 0) ? FFN_MOE : FFN_DENSE;
+        any_moe |= c->ffn[i] == FFN_MOE;
+    }
+    if (any_moe && (c->n_experts <= 0 || c->topk <= 0 || c->topk > c->n_experts || c->moe_inter <= 0)) {
+        df_error_set(r->err, DF_EFORMAT, "%s: invalid MoE sizes (num_experts %d, num_experts_per_token %d, "
+                     "moe_intermediate_size %d)", r->path, c->n_experts, c->topk, c->moe_inter);
+        return -1;
+    }
+    if (c->n_group < 1 || c->n_experts % c->n_group || c->topk_group < 1 || c->topk_group > c->n_group) {
+        df_error_set(r->err, DF_EFORMAT, "%s: invalid grouped routing (num_expert_group %d, topk_group %d, "
+                     "num_experts %d)", r->path, c->n_group, c->topk_group, c->n_experts);
+        return -1;
+    }
+    if (c->n_group > 1 && c->n_experts / c->n_group < 2) {
+        df_error_set(r->err, DF_EFORMAT, "%s: grouped routing needs at least 2 experts per group", r->path);
+        return -1;
+    }
+    return 0;
+}
+
+int config_parse(df_config *c, const char *text, const char *path, df_error *err) {
+    memset(c, 0, sizeof *c);
+    json_error_t jerr;
+    json_t *top = json_loads(text, 0, &jerr);
+    if (!top || !json_is_object(top)) {
+        df_error_set(err, DF_EFORMAT, "%s: bad JSON at line %d: %s", path, jerr.line, top ? "not an object" : jerr.text);
+        json_decref(top);
+        return DF_EFORMAT;
+    }
+    json_t *root = top;
+    json_t *mt = json_object_get(top, "model_type");
+    const char *type = json_is_string(mt) ? json_string_value(mt) : "";
+    if (!strcmp(type, "kimi_k3")) {
+        c->is_k3 = 1;
+        root = json_object_get(top, "text_config");
+        if (!json_is_object(root)) {
+            df_error_set(err, DF_EFORMAT, "%s: model_type kimi_k3 needs a text_config object", path);
+            json_decref(top);
+            return DF_EFORMAT;
+        }
+    } else if (strcmp(type, "kimi_linear")) {
+        df_error_set(err, DF_EUNSUPPORTED, "%s: model_type \"%s\" is not supported (kimi_linear or kimi_k3)",
+                     path, type);
+        json_decref(top);
+        return DF_EUNSUPPORTED;
+    }
+    cfg_reader r = {root, path, err, 0};
+    int rc = cfg_read_text(&r, c);
+    if (!rc) rc = cfg_read_linear_attn(&r, c);
+    if (!rc) rc = cfg_check(&r, c);
+    json_decref(top);
+    if (rc) {
+        if (!err || !err->code) df_error_set(err, DF_EFORMAT, "%s: invalid config", path);
+        config_free(c);
+        return err ? err->code : DF_EFORMAT;
+    }
+    return DF_OK;
+}
+
+void config_free(df_config *c) {
+    free(c->mixer);
+    free(c->ffn);
+    c->mixer = c->ffn = NULL;
+}

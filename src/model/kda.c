@@ -1,0 +1,201 @@
+/* kda.c — Kimi Delta Attention (SPEC §3.4): projections, causal short conv with rolling state, decay gate
+ * (softplus form, or K3's lower-bounded sigmoid form), beta, L2-normalised q/k, the gated delta rule in
+ * fp32 token by token, gated RMSNorm and the output projection. */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "layer.h"
+#include "common/util.h"
+
+typedef struct {
+    int H, D, W;         /* heads, head dim (K = V = D), conv width */
+    int64_t P;           /* H * D */
+} kda_dims;
+
+/* Causal depthwise conv + SiLU over one [T, P] projection, with history hist [W-1, 3P] (column block
+ * `part` of 3). Conv weight w is [P, 1, W]; w[c, W-1] multiplies the current token. */
+static void kda_conv(const kda_dims *k, const float *w, const float *hist, int part, const float *x, int T,
+                     float *y) {
+    int W = k->W;
+    int64_t P = k->P, P3 = 3 * P;
+    for (int t = 0; t < T; t++)
+        for (int64_t c = 0; c < P; c++) {
+            float acc = 0.0f;
+            for (int j = 0; j < W; j++) {
+                int src = t - (W - 1) + j;    /* input position relative to this batch */
+                float v = src >= 0 ? x[(int64_t)src * P + c] : hist[(int64_t)(W - 1 + src) * P3 + part * P + c];
+                acc += w[c * W + j] * v;
+            }
+            y[(int64_t)t * P + c] = kern_silu(acc);
+        }
+}
+
+/* Keeps the last W-1 pre-conv inputs of [q|k|v] for the next call. */
+static void kda_conv_state_update(const kda_dims *k, float *hist, const float *const xs[3], int T) {
+    int keep = k->W - 1;
+    int64_t P = k->P, P3 = 3 * P;
+    if (keep <= 0) return;
+    float *old = xmalloc((size_t)keep * P3 * sizeof(float));
+    memcpy(old, hist, (size_t)keep * P3 * sizeof(float));
+    for (int r = 0; r < keep; r++) {
+        int src = T - keep + r;           /* position relative to this batch; < 0 reaches into history */
+        for (int part = 0; part < 3; part++) {
+            float *dst = hist + (int64_t)r * P3 + part * P;
+            if (src >= 0) memcpy(dst, xs[part] + (int64_t)src * P, P * sizeof(float));
+            else memcpy(dst, old + (int64_t)(keep + src) * P3 + part * P, P * sizeof(float));
+        }
+    }
+    free(old);
+}
+
+static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
+
+/* g[t, h, j] (log decay, <= 0) from the projected forget input f (already + dt_bias). */
+static void kda_gate(const df_config *c, const kda_dims *k, const float *alog, int per_channel, float *f, int T) {
+    for (int t = 0; t < T; t++)
+        for (int h = 0; h < k->H; h++)
+            for (int j = 0; j < k->D; j++) {
+                float *g = &f[(int64_t)t * k->P + (int64_t)h * k->D + j];
+                float A = expf(per_channel ? alog[j] : alog[h]);
+                *g = c->has_lower_bound ? c->lower_bound * kern_sigmoid(A * *g) : -A * softplus(*g);
+            }
+}
+
+static void l2norm_heads(float *x, int T, const kda_dims *k, float scale) {
+    for (int64_t i = 0; i < (int64_t)T * k->H; i++) {
+        float *v = x + i * k->D;
+        float ss = 0.0f;
+        for (int j = 0; j < k->D; j++) ss += v[j] * v[j];
+        float inv = scale / sqrtf(ss + 1e-6f);
+        for (int j = 0; j < k->D; j++) v[j] *= inv;
+    }
+}
+
+/* The gated delta rule for one head over T tokens; writes o[t] (stride P). */
+static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, const float *kk, const float *v,
+                           const float *g, const float *beta, int T, float *o) {
+    int D = k->D;
+    float *m = xmalloc(D * sizeof(float));
+    for (int t = 0; t < T; t++) {
+        int64_t off = (int64_t)t * k->P + (int64_t)h * D;
+        const float *qt = q + off, *kt = kk + off, *vt = v + off, *gt = g + off;
+        for (int j = 0; j < D; j++) {
+            float e = expf(gt[j]);
+            for (int c = 0; c < D; c++) S[j * D + c] *= e;
+        }
+        memset(m, 0, D * sizeof(float));
+        for (int j = 0; j < D; j++)
+            for (int c = 0; c < D; c++) m[c] += S[j * D + c] * kt[j];
+        float b = beta[(int64_t)t * k->H + h];
+        for (int c = 0; c < D; c++) m[c] = b * (vt[c] - m[c]);     /* m becomes u */
+        for (int j = 0; j < D; j++)
+            for (int c = 0; c < D; c++) S[j * D + c] += kt[j] * m[c];
+        float *ot = o + off;
+        for (int c = 0; c < D; c++) ot[c] = 0.0f;
+        for (int j = 0; j < D; j++)
+            for (int c = 0; c < D; c++) ot[c] += S[j * D + c] * qt[j];
+    }
+    free(m);
+}
+
+typedef struct {
+    const df_tensor *q, *k, *v, *fa, *fb, *b, *ga, *gb, *g, *o;
+    float *conv[3], *dt_bias, *alog, *onorm;
+} kda_weights;
+
+static void kda_weights_free(kda_weights *w) {
+    for (int i = 0; i < 3; i++) free(w->conv[i]);
+    free(w->dt_bias);
+    free(w->alog);
+    free(w->onorm);
+}
+
+static int kda_weights_get(df_fwd *f, const kda_dims *k, kda_weights *w) {
+    const df_config *c = &f->m->cfg;
+    int64_t d = c->d, P = k->P;
+    memset(w, 0, sizeof *w);
+    static const char *convs[3] = {"self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight",
+                                   "self_attn.v_conv1d.weight"};
+    int ok = (w->q = fwd_mat(f, "self_attn.q_proj.weight", P, d)) && (w->k = fwd_mat(f, "self_attn.k_proj.weight", P, d)) &&
+             (w->v = fwd_mat(f, "self_attn.v_proj.weight", P, d)) &&
+             (w->fa = fwd_mat(f, "self_attn.f_a_proj.weight", k->D, d)) &&
+             (w->fb = fwd_mat(f, "self_attn.f_b_proj.weight", P, k->D)) &&
+             (w->b = fwd_mat(f, "self_attn.b_proj.weight", k->H, d)) &&
+             (w->o = fwd_mat(f, "self_attn.o_proj.weight", d, P));
+    if (ok && c->full_rank_gate) ok = (w->g = fwd_mat(f, "self_attn.g_proj.weight", P, d)) != NULL;
+    else if (ok) ok = (w->ga = fwd_mat(f, "self_attn.g_a_proj.weight", k->D, d)) &&
+                      (w->gb = fwd_mat(f, "self_attn.g_b_proj.weight", P, k->D));
+    for (int i = 0; ok && i < 3; i++) ok = (w->conv[i] = fwd_vec(f, convs[i], P * k->W, 1)) != NULL;
+    ok = ok && (w->dt_bias = fwd_vec(f, "self_attn.dt_bias", P, 1)) &&
+         (w->onorm = fwd_vec(f, "self_attn.o_norm.weight", k->D, 1)) &&
+         (w->alog = fwd_vec(f, "self_attn.A_log", f->m->alog_per_channel ? k->D : k->H, 0));
+    if (!ok) kda_weights_free(w);
+    return ok ? DF_OK : f->err->code;
+}
+
+int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out) {
+    const df_config *c = &f->m->cfg;
+    kda_dims k = {c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
+    kda_weights w;
+    int rc = kda_weights_get(f, &k, &w);
+    if (rc) return rc;
+    df_kern *kc = f->m->kern;
+    int64_t TP = (int64_t)T * k.P;
+    float *pre[3], *act[3];
+    const df_tensor *proj[3] = {w.q, w.k, w.v};
+    for (int i = 0; i < 3; i++) {
+        pre[i] = xmalloc(TP * sizeof(float));
+        act[i] = xmalloc(TP * sizeof(float));
+        kern_matmul(kc, proj[i], x, T, pre[i]);
+        kda_conv(&k, w.conv[i], st->conv, i, pre[i], T, act[i]);
+    }
+    kda_conv_state_update(&k, st->conv, (const float *const *)pre, T);
+
+    float *fa = xmalloc((size_t)T * k.D * sizeof(float)), *g = pre[0];     /* reuse pre[0] for the gate */
+    kern_matmul(kc, w.fa, x, T, fa);
+    kern_matmul(kc, w.fb, fa, T, g);
+    for (int64_t i = 0; i < TP; i++) g[i] += w.dt_bias[i % k.P];
+    kda_gate(c, &k, w.alog, f->m->alog_per_channel, g, T);
+
+    float *beta = xmalloc((size_t)T * k.H * sizeof(float));
+    kern_matmul(kc, w.b, x, T, beta);
+    for (int64_t i = 0; i < (int64_t)T * k.H; i++) beta[i] = kern_sigmoid(beta[i]);
+    l2norm_heads(act[0], T, &k, 1.0f / sqrtf((float)k.D));
+    l2norm_heads(act[1], T, &k, 1.0f);
+
+    float *o = pre[1];
+    for (int h = 0; h < k.H; h++)
+        kda_recur_head(&k, st->S + (int64_t)h * k.D * k.D, h, act[0], act[1], act[2], g, beta, T, o);
+
+    float *gate = pre[2];
+    if (w.g) {
+        kern_matmul(kc, w.g, x, T, gate);
+    } else {
+        kern_matmul(kc, w.ga, x, T, fa);
+        kern_matmul(kc, w.gb, fa, T, gate);
+    }
+    for (int64_t i = 0; i < (int64_t)T * k.H; i++) {   /* gated RMSNorm per head, fp32 */
+        float *oh = o + i * k.D;
+        kern_rmsnorm(oh, oh, w.onorm, k.D, c->eps);
+        for (int j = 0; j < k.D; j++) oh[j] *= kern_sigmoid(gate[i * k.D + j]);
+    }
+    kern_matmul(kc, w.o, o, T, out);
+
+    for (int i = 0; i < 3; i++) {
+        free(pre[i]);
+        free(act[i]);
+    }
+    free(fa);
+    free(beta);
+    kda_weights_free(&w);
+    return DF_OK;
+}
+
+int kda_check(df_fwd *f) {
+    const df_config *c = &f->m->cfg;
+    kda_dims k = {c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
+    kda_weights w;
+    int rc = kda_weights_get(f, &k, &w);
+    if (!rc) kda_weights_free(&w);
+    return rc;
+}

@@ -1,0 +1,132 @@
+/* test_parity.c — the backbone: logits of every fixture in tests/fixtures (made by tools/make_fixtures.py
+ * with independent references) reproduced by the engine on every kernel ISA this CPU runs: same argmax at
+ * every row and max |Δlogit| <= 2e-4. Also checks that splitting the prefill into two batches gives the
+ * same rows (state carried across multi-token batches). */
+#include <dirent.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include "test.h"
+#include "deltafin.h"
+#include "common/prompt.h"
+#include "common/util.h"
+#include "kernels/kernels.h"
+
+#define TOL 2e-4f
+
+typedef struct {
+    float max_diff;
+    int argmax_mismatch;
+} cmp_result;
+
+static int argmax(const float *v, int n) {
+    int b = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[b]) b = i;
+    return b;
+}
+
+static void cmp_rows(const float *got, const float *want, int rows, int V, cmp_result *r) {
+    for (int t = 0; t < rows; t++) {
+        const float *g = got + (int64_t)t * V, *w = want + (int64_t)t * V;
+        for (int i = 0; i < V; i++) {
+            float d = fabsf(g[i] - w[i]);
+            if (!(d <= r->max_diff)) r->max_diff = isnan(d) ? INFINITY : d;
+        }
+        if (argmax(g, V) != argmax(w, V)) r->argmax_mismatch++;
+    }
+}
+
+/* Runs the fixture with the prefill split at `split` (0 = one batch) and compares every row. */
+static int run_fixture(const char *dir, const char *isa, int split, const float *want, const int32_t *pre, int np,
+                       const int32_t *dec, int nd, cmp_result *r, df_error *err) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.model_dir = dir;
+    o.isa = isa;
+    o.n_threads = 2;
+    df_engine *eng = NULL;
+    df_session *s = NULL;
+    int rc = df_engine_open(&eng, &o, err);
+    if (!rc) rc = df_session_init(&s, eng, err);
+    if (rc) {
+        df_engine_free(eng);
+        return rc;
+    }
+    int V = df_engine_info(eng)->vocab_size;
+    float *got = xmalloc((size_t)(np + nd) * V * sizeof(float));
+    if (split > 0 && split < np) {
+        rc = df_session_eval(s, pre, split, got, 1, err);
+        if (!rc) rc = df_session_eval(s, pre + split, np - split, got + (int64_t)split * V, 1, err);
+    } else {
+        rc = df_session_eval(s, pre, np, got, 1, err);
+    }
+    for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, got + (int64_t)(np + i) * V, 1, err);
+    if (!rc) cmp_rows(got, want, np + nd, V, r);
+    free(got);
+    df_session_free(s);
+    df_engine_free(eng);
+    return rc;
+}
+
+static void check_fixture(const char *dir, const char *name) {
+    char path[1024];
+    snprintf(path, sizeof path, "%s/prompt.json", dir);
+    int32_t *pre = NULL, *dec = NULL;
+    int np = 0, nd = 0;
+    df_error err = {0};
+    if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
+        CHECK(0, "%s: %s", name, err.msg);
+        return;
+    }
+    snprintf(path, sizeof path, "%s/logits.f32", dir);
+    size_t len = 0;
+    float *want = (float *)df_read_file(path, &len, &err);
+    const df_kernels *const *isas = kern_available();
+    for (int i = 0; want && isas[i]; i++) {
+        cmp_result r = {0};
+        int rc = run_fixture(dir, isas[i]->isa, 0, want, pre, np, dec, nd, &r, &err);
+        CHECK(!rc, "%s [%s]: engine runs (%s)", name, isas[i]->isa, rc ? err.msg : "ok");
+        CHECK(!rc && r.argmax_mismatch == 0 && r.max_diff <= TOL, "%s [%s]: %d rows, max|dlogit| %.3g, %d argmax "
+              "mismatches", name, isas[i]->isa, np + nd, r.max_diff, r.argmax_mismatch);
+    }
+    if (want && len % sizeof(float)) CHECK(0, "%s: logits.f32 size %zu is not a multiple of 4", name, len);
+    if (want && np > 2) {
+        cmp_result r = {0};
+        int rc = run_fixture(dir, NULL, np / 2 + 1, want, pre, np, dec, nd, &r, &err);
+        CHECK(!rc && r.argmax_mismatch == 0 && r.max_diff <= TOL, "%s: prefill in two batches matches (max %.3g)",
+              name, r.max_diff);
+    }
+    free(want);
+    free(pre);
+    free(dec);
+}
+
+int main(int argc, char **argv) {
+    const char *root = argc > 1 ? argv[1] : "tests/fixtures";
+    DIR *d = opendir(root);
+    int n = 0;
+    char **names = NULL;
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        char p[1024];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s/logits.f32", root, de->d_name);
+        if (de->d_name[0] != '.' && !stat(p, &sb)) {
+            names = xrealloc(names, (n + 1) * sizeof(char *));
+            names[n++] = xstrdup(de->d_name);
+        }
+    }
+    if (d) closedir(d);
+    CHECK(n > 0, "found %d fixtures in %s", n, root);
+    for (int i = 0; i < n; i++) {
+        char p[1024];
+        snprintf(p, sizeof p, "%s/%s", root, names[i]);
+        check_fixture(p, names[i]);
+        free(names[i]);
+    }
+    free(names);
+    TEST_EXIT();
+}
