@@ -68,6 +68,18 @@ int64_t df_session_pos(const df_session *s);
 /* Copies the whole state of src into dst (same engine): rollback, prefix reuse. */
 int df_session_copy(df_session *dst, const df_session *src, df_error *err);
 void df_session_reset(df_session *s);
+/* Called after each layer of every evaluation with (ctx, layer, n_layers): progress for long prefills,
+ * and the way to stop one — a non-zero return aborts the evaluation with DF_ECANCELLED (the session is
+ * then reset). NULL removes it. */
+typedef int (*df_step_fn)(void *ctx, int layer, int n_layers);
+void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx);
+
+typedef struct df_stats {
+    uint64_t tokens_evaluated;
+    uint64_t expert_hits, expert_misses;   /* expert cache */
+    uint64_t disk_bytes, net_bytes;        /* bytes read for weights */
+} df_stats;
+void df_engine_stats(const df_engine *eng, df_stats *out);
 
 void df_error_set(df_error *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)

@@ -11,6 +11,7 @@
 
 struct df_engine {
     df_store *store;
+    uint64_t tokens_evaluated;
     df_kern kern;
     df_model model;
     df_model_info info;
@@ -117,6 +118,7 @@ void df_session_free(df_session *s) {
 int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err) {
     int rc = model_forward(&s->eng->model, s->state, tokens, n, logits, all_rows, err);
     if (rc && rc != DF_EINVAL) state_reset(&s->eng->model, s->state);
+    if (!rc) s->eng->tokens_evaluated += (uint64_t)n;
     return rc;
 }
 
@@ -132,3 +134,13 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
 }
 
 void df_session_reset(df_session *s) { state_reset(&s->eng->model, s->state); }
+
+void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx) {
+    s->state->step = fn;
+    s->state->step_ctx = ctx;
+}
+
+void df_engine_stats(const df_engine *e, df_stats *out) {
+    memset(out, 0, sizeof *out);
+    out->tokens_evaluated = e->tokens_evaluated;
+}

@@ -322,6 +322,10 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
         if (rc) break;
         rc = c->attn_res_block ? layer_attnres(&f, s, &ar, T, &sc, h) : layer_plain(&f, s, h, T, &sc);
         store_layer_release(m->store, f.L);
+        if (!rc && s->step && s->step(s->step_ctx, i, c->n_layers)) {
+            df_error_set(err, DF_ECANCELLED, "evaluation cancelled after layer %d", i);
+            rc = DF_ECANCELLED;
+        }
     }
     if (!rc && c->attn_res_block) rc = output_attnres(m, &ar, T, h, err);
     if (!rc && logits) rc = head_forward(m, h, T, logits, all_rows, err);

@@ -29,6 +29,8 @@ typedef struct df_layer_state {
 
 typedef struct df_state {
     int64_t pos;               /* tokens consumed */
+    df_step_fn step;           /* optional per-layer callback; non-zero aborts */
+    void *step_ctx;
     int n_layers;
     df_layer_state *layers;
 } df_state;
