@@ -29,11 +29,15 @@ void store_free(df_store *st);
 const char *store_dir(const df_store *st);
 /* config.json of the checkpoint, as text (owned by the store). */
 const char *store_config_text(const df_store *st);
-/* A file in the model folder (tokenizer, generation config), read whole; caller frees. NULL if absent. */
+/* A file in the model folder (tokenizer, generation config), read whole; caller frees. NULL if absent
+ * (err->code == DF_OK) or unreadable (err->code < 0). */
 char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err);
 
 /* A top-level tensor, or NULL when the checkpoint has none of that name. */
 const df_tensor *store_global(df_store *st, const char *name);
+/* Like store_global, but a tensor that exists with an unusable dtype/rank is an error naming it;
+ * DF_OK with *out = NULL when absent. */
+int store_global_get(df_store *st, const char *name, const df_tensor **out, df_error *err);
 
 int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_error *err);
 /* A tensor of an acquired layer, or NULL when absent (optional tensors are probed this way). */

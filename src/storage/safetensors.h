@@ -1,0 +1,50 @@
+/* safetensors.h — one safetensors file: validated header, read-only mapping, per-tensor views.
+ *
+ * Layout: 8-byte little-endian header length N, N bytes of JSON header, then the data region. Each header
+ * entry names a dtype, a shape and data_offsets [begin, end) relative to the data region, so a tensor's
+ * absolute file offset is 8 + N + begin. Everything in the header is checked at open (sizes, overlaps,
+ * bounds); dtypes the engine cannot use parse fine and fail only when a view of them is asked for. */
+#ifndef DF_SAFETENSORS_H
+#define DF_SAFETENSORS_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "deltafin.h"
+#include "../common/tensor.h"
+
+#define ST_MAX_DIMS 8
+
+typedef struct st_tensor {
+    const char *name;        /* owned by the file */
+    const char *dtype_name;  /* as written in the header ("BF16", "F64", ...) */
+    df_dtype dtype;          /* DF_DT_COUNT when the engine has no such dtype */
+    int elem_size;
+    int ndim;
+    int64_t shape[ST_MAX_DIMS];
+    uint64_t begin, end;     /* data_offsets, relative to the data region */
+    const uint8_t *data;     /* into the mapping */
+} st_tensor;
+
+typedef struct st_file {
+    char *path;
+    const uint8_t *map;
+    size_t size;             /* whole file */
+    uint64_t header_len;
+    uint64_t data_start;     /* 8 + header_len */
+    int n_tensors;
+    st_tensor *tensors;      /* sorted by name */
+    char *names;             /* storage for tensor names */
+    uint64_t covered;        /* data-region bytes covered by some tensor */
+} st_file;
+
+/* Maps and validates the file; on failure fills err naming the file (and the tensor at fault). */
+int st_file_open(st_file *f, const char *path, df_error *err);
+void st_file_close(st_file *f);
+/* The tensor of that exact name, or NULL. */
+const st_tensor *st_file_find(const st_file *f, const char *name);
+/* Absolute byte offset of the tensor in the file. */
+static inline uint64_t st_tensor_offset(const st_file *f, const st_tensor *t) { return f->data_start + t->begin; }
+/* A df_tensor view of t; fails ("unsupported dtype", more than 4 dims) naming the file and tensor. */
+int st_tensor_view(const st_file *f, const st_tensor *t, df_tensor *out, df_error *err);
+
+#endif

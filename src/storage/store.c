@@ -1,0 +1,862 @@
+/* store.c — the storage seam over local files: a model folder (config.json plus model.safetensors or a
+ * sharded index) mapped read-only. Owns name resolution (the K3 "language_model." prefix), the per-layer
+ * tensor tables, the routed-expert table with MXFP4 pairing, the expert index and the `info` description.
+ * Everything is validated at open except expert scale bytes, which are checked when an expert is first
+ * acquired (checking 1.4 TB of scales at open would read the whole checkpoint). */
+#include "store.h"
+
+#include <errno.h>
+#include <jansson.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+#include "expert_index.h"
+#include "safetensors.h"
+
+#define STORE_PREFIX "language_model."
+#define STORE_MAX_LAYERS 4096
+#define STORE_MAX_EXPERTS 65536
+#define STORE_MAX_PROBLEMS 24
+
+enum { KIND_WEIGHT, KIND_PACKED, KIND_SCALE, KIND_SHAPE, KIND_COUNT };
+static const char *const store_kind_names[KIND_COUNT] = {"weight", "weight_packed", "weight_scale", "weight_shape"};
+
+/* One tensor of the checkpoint as the store sees it: which shard, which header entry. */
+typedef struct store_ref {
+    int shard;
+    const st_tensor *t;
+} store_ref;
+
+/* A layer tensor (key = suffix after "model.layers.{i}.") or a global (key = name relative to the text
+ * root). The key points into the tensor's own name or at a static alias. */
+typedef struct store_item {
+    const char *key;
+    store_ref ref;
+    int usable;
+    df_tensor view;
+} store_item;
+
+struct df_store_layer {
+    int index;
+    int n;
+    store_item *items;   /* sorted by key */
+    int bad;             /* index of an item with an unusable dtype/shape, or -1 */
+};
+
+typedef struct store_expert {
+    store_ref part[3][KIND_COUNT];   /* [w1,w2,w3][kind]; t == NULL when absent */
+    df_expert ex;
+    store_expert_loc loc;
+    atomic_int checked;              /* scales verified free of 0xFF */
+} store_expert;
+
+typedef struct store_dtype_stat {
+    const char *name;
+    int64_t count;
+    uint64_t bytes;
+} store_dtype_stat;
+
+struct df_store {
+    char *dir;
+    char *config_text;
+    char *model_type;
+    int prefixed;                    /* text tensors live under "language_model." */
+    int indexed;
+    int n_shards;
+    st_file *shards;
+    int n_layers;
+    df_store_layer *layers;
+    int n_globals;
+    store_item *globals;
+    int *n_experts;                  /* per layer */
+    int *expert_shard;               /* per layer: a shard holding some of its experts */
+    store_expert **experts;          /* per layer, n_experts[l] entries */
+    /* statistics for store_describe */
+    int64_t n_tensors, n_ignored, n_unindexed;
+    uint64_t total_bytes, spine_bytes, expert_bytes, ignored_bytes;
+    store_dtype_stat dtypes[16];
+    int n_dtypes;
+    char *problems;
+    int n_problems;
+    void **copies;                   /* aligned copies of misaligned tensors */
+    int n_copies;
+};
+
+/* ---------------------------------------------------------------------------------------------------- */
+
+static void store_problem(df_store *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void store_problem(df_store *st, const char *fmt, ...) {
+    if (st->n_problems++ >= STORE_MAX_PROBLEMS) return;
+    char line[512];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(line, sizeof line, fmt, ap);
+    va_end(ap);
+    size_t a = st->problems ? strlen(st->problems) : 0, b = strlen(line);
+    st->problems = xrealloc(st->problems, a + b + 2);
+    memcpy(st->problems + a, line, b);
+    st->problems[a + b] = '\n';
+    st->problems[a + b + 1] = 0;
+}
+
+static int store_cmp_item(const void *a, const void *b) {
+    return strcmp(((const store_item *)a)->key, ((const store_item *)b)->key);
+}
+
+static const store_item *store_find_item(const store_item *items, int n, const char *key) {
+    store_item k = {.key = key};
+    return bsearch(&k, items, (size_t)n, sizeof k, store_cmp_item);
+}
+
+/* Parses a canonical decimal (no sign, no leading zero) at *s, advancing past it; -1 if none or > max. */
+static long store_parse_index(const char **s, long max) {
+    const char *p = *s;
+    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return -1;
+    long v = 0;
+    while (*p >= '0' && *p <= '9') {
+        v = v * 10 + (*p++ - '0');
+        if (v > max) return -1;
+    }
+    *s = p;
+    return v;
+}
+
+static const char *store_tensor_path(const df_store *st, store_ref r) { return st->shards[r.shard].path; }
+
+static void store_count_dtype(df_store *st, const st_tensor *t) {
+    uint64_t bytes = t->end - t->begin;
+    for (int i = 0; i < st->n_dtypes; i++)
+        if (st->dtypes[i].name == t->dtype_name) {
+            st->dtypes[i].count++;
+            st->dtypes[i].bytes += bytes;
+            return;
+        }
+    DF_ASSERT(st->n_dtypes < (int)(sizeof st->dtypes / sizeof st->dtypes[0]));
+    st->dtypes[st->n_dtypes++] = (store_dtype_stat){t->dtype_name, 1, bytes};
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Collecting the checkpoint's tensors: from the index's weight_map, or every tensor of model.safetensors. */
+
+typedef struct store_refs {
+    store_ref *v;
+    int64_t n, cap;
+} store_refs;
+
+static void store_refs_push(store_refs *r, store_ref x) {
+    if (r->n == r->cap) {
+        r->cap = r->cap ? r->cap * 2 : 256;
+        r->v = xrealloc(r->v, sizeof *r->v * (size_t)r->cap);
+    }
+    r->v[r->n++] = x;
+}
+
+static int store_add_shard(df_store *st, const char *file, df_error *err) {
+    char *path = df_path_join(st->dir, file);
+    st->shards = xrealloc(st->shards, sizeof *st->shards * (size_t)(st->n_shards + 1));
+    int rc = st_file_open(&st->shards[st->n_shards], path, err);
+    free(path);
+    if (rc) return rc;
+    return st->n_shards++, DF_OK;
+}
+
+static int store_shard_name_ok(const char *f) {
+    if (!*f || f[0] == '/') return 0;
+    for (const char *p = f; *p; p = strchr(p, '/') ? strchr(p, '/') + 1 : p + strlen(p))
+        if (!strncmp(p, "..", 2) && (p[2] == '/' || !p[2])) return 0;
+    return 1;
+}
+
+static int store_load_index(df_store *st, const char *index_path, store_refs *refs, df_error *err) {
+    json_error_t je;
+    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
+    if (!root)
+        return df_error_set(err, DF_EFORMAT, "%s: bad JSON: %s (line %d, column %d)", index_path, je.text, je.line,
+                            je.column), DF_EFORMAT;
+    json_t *wm = json_object_get(root, "weight_map");
+    int rc = DF_OK;
+    if (!json_is_object(wm)) {
+        df_error_set(err, DF_EFORMAT, "%s: missing \"weight_map\" object", index_path);
+        rc = DF_EFORMAT;
+    }
+    char **shard_names = NULL;
+    int64_t *used = NULL;
+    int last = -1;
+    const char *name;
+    json_t *val;
+    if (!rc) json_object_foreach(wm, name, val) {
+        if (!json_is_string(val) || !store_shard_name_ok(json_string_value(val))) {
+            df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shard must be a relative file name inside the model "
+                         "folder", index_path, name);
+            rc = DF_EFORMAT;
+            break;
+        }
+        const char *file = json_string_value(val);
+        int s = last >= 0 && !strcmp(shard_names[last], file) ? last : -1;
+        for (int i = 0; s < 0 && i < st->n_shards; i++)
+            if (!strcmp(shard_names[i], file)) s = i;
+        if (s < 0) {
+            if ((rc = store_add_shard(st, file, err))) {
+                char inner[sizeof err->msg];
+                memcpy(inner, err->msg, sizeof inner);
+                df_error_set(err, rc, "%s names shard '%s' (for tensor '%s'), which cannot be used: %s", index_path,
+                             file, name, inner);
+                break;
+            }
+            s = st->n_shards - 1;
+            shard_names = xrealloc(shard_names, sizeof *shard_names * (size_t)st->n_shards);
+            used = xrealloc(used, sizeof *used * (size_t)st->n_shards);
+            shard_names[s] = xstrdup(file);
+            used[s] = 0;
+        }
+        last = s;
+        const st_tensor *t = st_file_find(&st->shards[s], name);
+        if (!t) {
+            df_error_set(err, DF_EFORMAT, "%s lists tensor '%s' in shard %s, but the shard has no such tensor",
+                         index_path, name, st->shards[s].path);
+            rc = DF_EFORMAT;
+            break;
+        }
+        used[s]++;
+        store_refs_push(refs, (store_ref){s, t});
+    }
+    for (int i = 0; i < st->n_shards && shard_names; i++) {
+        if (!rc && used[i] < st->shards[i].n_tensors) {
+            st->n_unindexed += st->shards[i].n_tensors - used[i];
+            store_problem(st, "%s: %lld tensors not listed in the index (ignored)", st->shards[i].path,
+                          (long long)(st->shards[i].n_tensors - used[i]));
+        }
+        free(shard_names[i]);
+    }
+    free(shard_names);
+    free(used);
+    json_decref(root);
+    return rc;
+}
+
+static int store_collect(df_store *st, store_refs *refs, df_error *err) {
+    char *index_path = df_path_join(st->dir, "model.safetensors.index.json");
+    int rc;
+    if (access(index_path, F_OK) == 0) {
+        st->indexed = 1;
+        rc = store_load_index(st, index_path, refs, err);
+    } else {
+        char *single = df_path_join(st->dir, "model.safetensors");
+        if (access(single, F_OK) != 0) {
+            df_error_set(err, DF_EIO, "%s: neither model.safetensors nor model.safetensors.index.json found",
+                         st->dir);
+            rc = DF_EIO;
+        } else if (!(rc = store_add_shard(st, "model.safetensors", err))) {
+            for (int i = 0; i < st->shards[0].n_tensors; i++)
+                store_refs_push(refs, (store_ref){0, &st->shards[0].tensors[i]});
+        }
+        free(single);
+    }
+    free(index_path);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* config.json */
+
+static int store_load_config(df_store *st, int *n_layers, df_error *err) {
+    char *path = df_path_join(st->dir, "config.json");
+    size_t len;
+    st->config_text = df_read_file(path, &len, err);
+    if (!st->config_text) {
+        free(path);
+        return DF_EIO;
+    }
+    json_error_t je;
+    json_t *root = json_loadb(st->config_text, len, 0, &je);
+    int rc = DF_OK;
+    if (!root || !json_is_object(root)) {
+        df_error_set(err, DF_EFORMAT, "%s: bad JSON: %s (line %d, column %d)", path, root ? "not an object" : je.text,
+                     je.line, je.column);
+        rc = DF_EFORMAT;
+    } else {
+        const char *mt = json_string_value(json_object_get(root, "model_type"));
+        st->model_type = xstrdup(mt ? mt : "unknown");
+        json_t *text = json_object_get(root, "text_config");
+        if (!strcmp(st->model_type, "kimi_k3") && json_is_object(text)) {
+            json_incref(text);
+            json_decref(root);
+            root = text;
+        }
+        json_int_t nl = json_integer_value(json_object_get(root, "num_hidden_layers"));
+        *n_layers = nl > 0 && nl <= STORE_MAX_LAYERS ? (int)nl : 0;
+    }
+    json_decref(root);
+    free(path);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Classifying tensors into globals, layer tensors and expert parts. */
+
+typedef struct store_name {
+    int layer;        /* -1: global */
+    long expert;      /* -1: not an expert tensor */
+    int mat, kind;
+    const char *rel;  /* relative to the text root */
+    const char *suffix;
+} store_name;
+
+/* Returns 0 if the tensor is not part of the text model (ignored), -1 on a malformed expert name. */
+static int store_parse_name(const df_store *st, const char *full, store_name *out) {
+    *out = (store_name){.layer = -1, .expert = -1};
+    size_t pl = strlen(STORE_PREFIX);
+    if (st->prefixed && strncmp(full, STORE_PREFIX, pl)) return 0;
+    out->rel = st->prefixed ? full + pl : full;
+    const char *p = out->rel;
+    if (strncmp(p, "model.layers.", 13)) return 1;
+    p += 13;
+    long layer = store_parse_index(&p, STORE_MAX_LAYERS - 1);
+    if (layer < 0 || *p != '.') return 1;
+    out->layer = (int)layer;
+    out->suffix = ++p;
+    static const char ex[] = "block_sparse_moe.experts.";
+    if (strncmp(p, ex, sizeof ex - 1) || p[sizeof ex - 1] < '0' || p[sizeof ex - 1] > '9') return 1;
+    p += sizeof ex - 1;
+    long e = store_parse_index(&p, STORE_MAX_EXPERTS - 1);
+    if (e < 0 || p[0] != '.' || p[1] != 'w' || p[2] < '1' || p[2] > '3' || p[3] != '.') return -1;
+    out->expert = e;
+    out->mat = p[2] - '1';
+    for (int k = 0; k < KIND_COUNT; k++)
+        if (!strcmp(p + 4, store_kind_names[k])) return out->kind = k, 1;
+    return -1;
+}
+
+/* Kernels read elements through typed pointers, so a tensor whose offset is not a multiple of its element
+ * size (legal in safetensors, never written by the usual tools) is served from an aligned copy. */
+static void store_align_view(df_store *st, df_tensor *v, int elem_size) {
+    if (elem_size <= 1 || (uintptr_t)v->data % (uintptr_t)elem_size == 0) return;
+    size_t n = (size_t)tensor_data_bytes(v);
+    void *p = xaligned_alloc(64, n);
+    memcpy(p, v->data, n);
+    st->copies = xrealloc(st->copies, sizeof *st->copies * (size_t)(st->n_copies + 1));
+    st->copies[st->n_copies++] = p;
+    v->data = p;
+}
+
+static void store_item_init(df_store *st, store_item *it, const char *key, store_ref r) {
+    df_error e;
+    it->key = key;
+    it->ref = r;
+    it->usable = st_tensor_view(&st->shards[r.shard], r.t, &it->view, &e) == DF_OK;
+    if (!it->usable) store_problem(st, "%s", e.msg);
+    else store_align_view(st, &it->view, r.t->elem_size);
+}
+
+/* Checkpoints saved by HF transformers name the dense FFN "block_sparse_moe.*_proj" (SPEC §2.1 quirk). */
+static void store_layer_aliases(df_store_layer *l) {
+    static const char *const alias[3][2] = {
+        {"mlp.gate_proj.weight", "block_sparse_moe.gate_proj.weight"},
+        {"mlp.up_proj.weight", "block_sparse_moe.up_proj.weight"},
+        {"mlp.down_proj.weight", "block_sparse_moe.down_proj.weight"},
+    };
+    qsort(l->items, (size_t)l->n, sizeof *l->items, store_cmp_item);
+    int n = l->n;
+    for (int i = 0; i < 3; i++) {
+        const store_item *src = store_find_item(l->items, n, alias[i][1]);
+        if (!src || store_find_item(l->items, n, alias[i][0])) continue;
+        l->items[l->n] = *src;
+        l->items[l->n++].key = alias[i][0];
+    }
+    qsort(l->items, (size_t)l->n, sizeof *l->items, store_cmp_item);
+}
+
+static int store_build_tables(df_store *st, const store_refs *refs, int cfg_layers, df_error *err) {
+    st->prefixed = 0;
+    for (int64_t i = 0; i < refs->n && !st->prefixed; i++)
+        st->prefixed = !strncmp(refs->v[i].t->name, STORE_PREFIX, strlen(STORE_PREFIX));
+    /* pass 1: sizes */
+    int max_layer = cfg_layers - 1;
+    store_name nm;
+    for (int64_t i = 0; i < refs->n; i++) {
+        const st_tensor *t = refs->v[i].t;
+        int k = store_parse_name(st, t->name, &nm);
+        if (k < 0)
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': unrecognised routed-expert tensor name (expected "
+                                "experts.{e}.w{1,2,3}.weight, .weight_packed or .weight_scale)",
+                                store_tensor_path(st, refs->v[i]), t->name), DF_EFORMAT;
+        if (nm.layer > max_layer) max_layer = nm.layer;
+    }
+    st->n_layers = max_layer + 1;
+    st->layers = xcalloc((size_t)st->n_layers + 1, sizeof *st->layers);
+    st->n_experts = xcalloc((size_t)st->n_layers + 1, sizeof *st->n_experts);
+    st->experts = xcalloc((size_t)st->n_layers + 1, sizeof *st->experts);
+    st->expert_shard = xcalloc((size_t)st->n_layers + 1, sizeof *st->expert_shard);
+    int64_t n_glob = 0;
+    for (int64_t i = 0; i < refs->n; i++) {
+        if (!store_parse_name(st, refs->v[i].t->name, &nm)) continue;
+        if (nm.layer < 0) n_glob++;
+        else if (nm.expert < 0) st->layers[nm.layer].n++;
+        else if (nm.expert >= st->n_experts[nm.layer]) st->n_experts[nm.layer] = (int)nm.expert + 1;
+    }
+    st->globals = xcalloc((size_t)n_glob + 1, sizeof *st->globals);
+    for (int l = 0; l < st->n_layers; l++) {
+        st->layers[l].index = l;
+        st->layers[l].items = xcalloc((size_t)st->layers[l].n + 3 + 1, sizeof(store_item));
+        st->layers[l].n = 0;
+        st->experts[l] = xcalloc((size_t)st->n_experts[l] + 1, sizeof(store_expert));
+    }
+    /* pass 2: fill */
+    for (int64_t i = 0; i < refs->n; i++) {
+        store_ref r = refs->v[i];
+        uint64_t bytes = r.t->end - r.t->begin;
+        st->n_tensors++;
+        st->total_bytes += bytes;
+        if (!store_parse_name(st, r.t->name, &nm)) {
+            st->n_ignored++;
+            st->ignored_bytes += bytes;
+            continue;
+        }
+        store_count_dtype(st, r.t);
+        if (nm.expert >= 0) {
+            st->expert_bytes += bytes;
+            st->experts[nm.layer][nm.expert].part[nm.mat][nm.kind] = r;
+            st->expert_shard[nm.layer] = r.shard;
+            continue;
+        }
+        st->spine_bytes += bytes;
+        if (nm.layer < 0) {
+            store_item_init(st, &st->globals[st->n_globals++], nm.rel, r);
+        } else {
+            df_store_layer *l = &st->layers[nm.layer];
+            store_item_init(st, &l->items[l->n++], nm.suffix, r);
+        }
+    }
+    qsort(st->globals, (size_t)st->n_globals, sizeof *st->globals, store_cmp_item);
+    for (int l = 0; l < st->n_layers; l++) {
+        df_store_layer *ly = &st->layers[l];
+        store_layer_aliases(ly);
+        ly->bad = -1;
+        for (int i = 0; i < ly->n && ly->bad < 0; i++)
+            if (!ly->items[i].usable) ly->bad = i;
+    }
+    return DF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Routed experts: pairing, shape checks, byte spans. */
+
+static const char *store_mat_name(int m) { return m == 0 ? "w1" : m == 1 ? "w2" : "w3"; }
+
+/* Fills one matrix view of an expert; the error names the file and tensor at fault. */
+static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expert *x, df_tensor *out,
+                               df_error *err) {
+    store_ref *p = x->part[m];
+    const char *pre = st->prefixed ? STORE_PREFIX : "";
+    /* a file of this expert, or (when the whole expert is missing) one holding the layer's experts */
+    const char *file = st->shards[st->expert_shard[layer]].path;
+    for (int mm = 0; mm < 3; mm++)
+        for (int k = 0; k < KIND_COUNT; k++)
+            if (x->part[mm][k].t) file = store_tensor_path(st, x->part[mm][k]);
+    if (p[KIND_WEIGHT].t && (p[KIND_PACKED].t || p[KIND_SCALE].t))
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': expert matrix has both a plain weight and MXFP4 "
+                            "weight_packed/weight_scale", file, p[KIND_WEIGHT].t->name), DF_EFORMAT;
+    if (p[KIND_WEIGHT].t) {
+        const st_tensor *t = p[KIND_WEIGHT].t;
+        int rc = st_tensor_view(&st->shards[p[KIND_WEIGHT].shard], t, out, err);
+        if (rc) return rc;
+        if (t->ndim != 2 || (t->dtype != DF_DT_F32 && t->dtype != DF_DT_BF16 && t->dtype != DF_DT_F16))
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': expert weight must be a 2-D F32/BF16/F16 "
+                                "matrix, got %s with %d dims", file, t->name, t->dtype_name, t->ndim), DF_EFORMAT;
+        store_align_view(st, out, t->elem_size);
+        return DF_OK;
+    }
+    const st_tensor *pk = p[KIND_PACKED].t, *sc = p[KIND_SCALE].t;
+    if (!pk || !sc)
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%smodel.layers.%d.block_sparse_moe.experts.%d.%s.%s' is "
+                            "missing (experts of a layer must be numbered 0..E-1, each with w1, w2, w3 as .weight "
+                            "or .weight_packed + .weight_scale)", file, pre, layer, e, store_mat_name(m),
+                            pk ? "weight_scale" : sc ? "weight_packed" : "weight"), DF_EFORMAT;
+    if (pk->dtype != DF_DT_U8 || pk->ndim != 2)
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 weight_packed must be a 2-D U8 tensor, got %s "
+                            "with %d dims", store_tensor_path(st, p[KIND_PACKED]), pk->name, pk->dtype_name, pk->ndim),
+               DF_EFORMAT;
+    if (sc->dtype != DF_DT_U8 || sc->ndim != 2)
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 weight_scale must be a 2-D U8 tensor, got %s "
+                            "with %d dims", store_tensor_path(st, p[KIND_SCALE]), sc->name, sc->dtype_name, sc->ndim),
+               DF_EFORMAT;
+    if (pk->shape[0] != sc->shape[0] || pk->shape[1] * 2 != sc->shape[1] * 32 || pk->shape[1] == 0)
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 scale shape [%lld, %lld] does not match "
+                            "weight_packed [%lld, %lld] (need the same rows and packed cols x 2 == scale cols x 32)",
+                            store_tensor_path(st, p[KIND_SCALE]), sc->name, (long long)sc->shape[0],
+                            (long long)sc->shape[1], (long long)pk->shape[0], (long long)pk->shape[1]), DF_EFORMAT;
+    *out = (df_tensor){.name = pk->name, .dtype = DF_DT_MXFP4, .ndim = 2, .shape = {pk->shape[0], pk->shape[1] * 2},
+                       .data = pk->data, .scale = sc->data};
+    const st_tensor *sh = p[KIND_SHAPE].t;
+    if (sh) {
+        int64_t v[2] = {-1, -1};
+        if (sh->ndim == 1 && sh->shape[0] == 2 && sh->dtype == DF_DT_I64) memcpy(v, sh->data, sizeof v);
+        if (sh->ndim == 1 && sh->shape[0] == 2 && sh->dtype == DF_DT_I32)
+            for (int i = 0; i < 2; i++) {
+                int32_t x32;
+                memcpy(&x32, (const uint8_t *)sh->data + 4 * i, 4);
+                v[i] = x32;
+            }
+        if (v[0] != out->shape[0] || v[1] != out->shape[1])
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': weight_shape does not match the MXFP4 pair's "
+                                "logical shape [%lld, %lld]", store_tensor_path(st, p[KIND_SHAPE]), sh->name,
+                                (long long)out->shape[0], (long long)out->shape[1]), DF_EFORMAT;
+    }
+    return DF_OK;
+}
+
+static int store_cmp_part(const void *a, const void *b) {
+    const store_expert_part *x = a, *y = b;
+    if (x->shard != y->shard) return x->shard < y->shard ? -1 : 1;
+    return x->offset < y->offset ? -1 : x->offset > y->offset;
+}
+
+static void store_expert_locate_init(df_store *st, store_expert *x) {
+    store_expert_loc *loc = &x->loc;
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < KIND_COUNT; k++) {
+            store_ref r = x->part[m][k];
+            if (!r.t) continue;
+            loc->parts[loc->n_parts++] = (store_expert_part){r.t->name, r.shard,
+                                                             st_tensor_offset(&st->shards[r.shard], r.t),
+                                                             r.t->end - r.t->begin};
+        }
+    qsort(loc->parts, (size_t)loc->n_parts, sizeof loc->parts[0], store_cmp_part);
+    loc->shard = loc->parts[0].shard;
+    loc->path = st->shards[loc->shard].path;
+    loc->offset = loc->parts[0].offset;
+    loc->contiguous = 1;
+    uint64_t end = loc->offset;
+    for (int i = 0; i < loc->n_parts; i++) {
+        if (loc->parts[i].shard != loc->shard || loc->parts[i].offset != end) loc->contiguous = 0;
+        end = loc->parts[i].offset + loc->parts[i].length;
+    }
+    loc->length = loc->contiguous ? end - loc->offset : 0;
+}
+
+static int store_build_experts(df_store *st, df_error *err) {
+    for (int l = 0; l < st->n_layers; l++) {
+        for (int e = 0; e < st->n_experts[l]; e++) {
+            store_expert *x = &st->experts[l][e];
+            df_tensor *w[3] = {&x->ex.w1, &x->ex.w2, &x->ex.w3};
+            for (int m = 0; m < 3; m++) {
+                int rc = store_expert_matrix(st, l, e, m, x, w[m], err);
+                if (rc) return rc;
+            }
+            const df_tensor *ref = e ? &st->experts[l][0].ex.w1 : NULL;
+            int ok = x->ex.w1.shape[0] == x->ex.w3.shape[0] && x->ex.w1.shape[1] == x->ex.w3.shape[1] &&
+                     x->ex.w2.shape[0] == x->ex.w1.shape[1] && x->ex.w2.shape[1] == x->ex.w1.shape[0] &&
+                     x->ex.w1.dtype == x->ex.w2.dtype && x->ex.w1.dtype == x->ex.w3.dtype;
+            if (ok && ref) ok = ref->dtype == x->ex.w1.dtype && ref->shape[0] == x->ex.w1.shape[0] &&
+                                ref->shape[1] == x->ex.w1.shape[1];
+            if (!ok)
+                return df_error_set(err, DF_EFORMAT, "%s: tensors '%s', '%s', '%s': expert shapes/dtypes inconsistent "
+                                    "(w1 %s [%lld, %lld], w2 %s [%lld, %lld], w3 %s [%lld, %lld]; expected w1 = w3 = "
+                                    "[I, D], w2 = [D, I], the same for every expert of the layer)",
+                                    store_tensor_path(st, x->part[0][x->part[0][KIND_WEIGHT].t ? KIND_WEIGHT : KIND_PACKED]),
+                                    x->ex.w1.name, x->ex.w2.name, x->ex.w3.name,
+                                    tensor_dtype_name(x->ex.w1.dtype), (long long)x->ex.w1.shape[0],
+                                    (long long)x->ex.w1.shape[1], tensor_dtype_name(x->ex.w2.dtype),
+                                    (long long)x->ex.w2.shape[0], (long long)x->ex.w2.shape[1],
+                                    tensor_dtype_name(x->ex.w3.dtype), (long long)x->ex.w3.shape[0],
+                                    (long long)x->ex.w3.shape[1]), DF_EFORMAT;
+            store_expert_locate_init(st, x);
+        }
+    }
+    return DF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+
+int store_open(df_store **out, const char *dir, df_error *err) {
+    *out = NULL;
+    df_store *st = xcalloc(1, sizeof *st);
+    st->dir = xstrdup(dir);
+    store_refs refs = {0};
+    int cfg_layers = 0;
+    int rc = store_load_config(st, &cfg_layers, err);
+    if (!rc) rc = store_collect(st, &refs, err);
+    if (!rc) rc = store_build_tables(st, &refs, cfg_layers, err);
+    if (!rc) rc = store_build_experts(st, err);
+    free(refs.v);
+    if (rc) {
+        store_free(st);
+        return rc;
+    }
+    *out = st;
+    return DF_OK;
+}
+
+void store_free(df_store *st) {
+    if (!st) return;
+    for (int i = 0; i < st->n_shards; i++) st_file_close(&st->shards[i]);
+    free(st->shards);
+    for (int l = 0; l < st->n_layers; l++) {
+        free(st->layers[l].items);
+        free(st->experts[l]);
+    }
+    free(st->layers);
+    free(st->experts);
+    free(st->n_experts);
+    free(st->expert_shard);
+    free(st->globals);
+    for (int i = 0; i < st->n_copies; i++) free(st->copies[i]);
+    free(st->copies);
+    free(st->problems);
+    free(st->model_type);
+    free(st->config_text);
+    free(st->dir);
+    free(st);
+}
+
+const char *store_dir(const df_store *st) { return st->dir; }
+const char *store_config_text(const df_store *st) { return st->config_text; }
+const char *store_family(const df_store *st) { return st->model_type; }
+int store_layer_count(const df_store *st) { return st->n_layers; }
+int store_shard_count(const df_store *st) { return st->n_shards; }
+
+const char *store_shard_path(const df_store *st, int shard) {
+    return shard >= 0 && shard < st->n_shards ? st->shards[shard].path : NULL;
+}
+
+char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err) {
+    if (!store_shard_name_ok(name)) {
+        df_error_set(err, DF_EINVAL, "%s: not a file name inside the model folder %s", name, st->dir);
+        return NULL;
+    }
+    char *path = df_path_join(st->dir, name);
+    char *text = NULL;
+    if (access(path, F_OK) != 0)
+        df_error_set(err, DF_OK, "%s: no such file in the model folder", path);
+    else
+        text = df_read_file(path, len, err);
+    free(path);
+    return text;
+}
+
+const df_tensor *store_global(df_store *st, const char *name) {
+    const store_item *it = store_find_item(st->globals, st->n_globals, name);
+    return it && it->usable ? &it->view : NULL;
+}
+
+int store_global_get(df_store *st, const char *name, const df_tensor **out, df_error *err) {
+    *out = NULL;
+    const store_item *it = store_find_item(st->globals, st->n_globals, name);
+    if (!it) return DF_OK;
+    int rc = st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+    if (!rc) *out = &it->view;
+    return rc;
+}
+
+int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_error *err) {
+    *out = NULL;
+    if (layer < 0 || layer >= st->n_layers)
+        return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
+                            st->n_layers), DF_EINVAL;
+    const df_store_layer *l = &st->layers[layer];
+    if (l->bad >= 0) {
+        const store_item *it = &l->items[l->bad];
+        return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+    }
+    *out = l;
+    return DF_OK;
+}
+
+const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix) {
+    const store_item *it = store_find_item(l->items, l->n, suffix);
+    return it && it->usable ? &it->view : NULL;
+}
+
+void store_layer_release(df_store *st, const df_store_layer *l) { (void)st, (void)l; }
+
+int store_expert_count(const df_store *st, int layer) {
+    return layer >= 0 && layer < st->n_layers ? st->n_experts[layer] : 0;
+}
+
+const store_expert_loc *store_expert_locate(const df_store *st, int layer, int e) {
+    if (layer < 0 || layer >= st->n_layers || e < 0 || e >= st->n_experts[layer]) return NULL;
+    return &st->experts[layer][e].loc;
+}
+
+static int store_expert_check_range(const df_store *st, int layer, int e, df_error *err) {
+    if (store_expert_locate(st, layer, e)) return DF_OK;
+    return df_error_set(err, DF_EINVAL, "%s: expert %d of layer %d out of range (layer has %d experts)", st->dir, e,
+                        layer, store_expert_count(st, layer)), DF_EINVAL;
+}
+
+int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err) {
+    long page = sysconf(_SC_PAGESIZE);
+    for (int i = 0; i < n; i++) {
+        int rc = store_expert_check_range(st, layer, ids[i], err);
+        if (rc) return rc;
+        const store_expert_loc *loc = &st->experts[layer][ids[i]].loc;
+        for (int p = 0; p < loc->n_parts; p++) {
+            const st_file *f = &st->shards[loc->parts[p].shard];
+            uint64_t a = loc->parts[p].offset / (uint64_t)page * (uint64_t)page;
+            madvise((void *)(f->map + a), loc->parts[p].offset + loc->parts[p].length - a, MADV_WILLNEED);
+        }
+    }
+    return DF_OK;
+}
+
+/* E8M0 0xFF is NaN in the OCP MX spec: a checkpoint containing it is corrupt, not a weight to multiply. */
+static int store_expert_check_scales(const df_store *st, int layer, int e, const store_expert *x, df_error *err) {
+    for (int m = 0; m < 3; m++) {
+        store_ref r = x->part[m][KIND_SCALE];
+        if (!r.t) continue;
+        const uint8_t *s = r.t->data, *hit = memchr(s, 0xFF, r.t->end - r.t->begin);
+        if (!hit) continue;
+        int64_t off = hit - s, cols = r.t->shape[1];
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 scale byte 0xFF (NaN) at row %lld, block %lld "
+                            "(layer %d, expert %d)", store_tensor_path(st, r), r.t->name, (long long)(off / cols),
+                            (long long)(off % cols), layer, e), DF_EFORMAT;
+    }
+    return DF_OK;
+}
+
+int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
+    int rc = store_expert_check_range(st, layer, e, err);
+    if (rc) return rc;
+    store_expert *x = &st->experts[layer][e];
+    if (!atomic_load_explicit(&x->checked, memory_order_acquire)) {
+        if ((rc = store_expert_check_scales(st, layer, e, x, err))) return rc;
+        atomic_store_explicit(&x->checked, 1, memory_order_release);
+    }
+    *out = x->ex;
+    return DF_OK;
+}
+
+void store_expert_release(df_store *st, int layer, int e) { (void)st, (void)layer, (void)e; }
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* store_describe */
+
+typedef struct store_buf {
+    char *p;
+    size_t cap, len;
+} store_buf;
+
+static void store_printf(store_buf *b, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static void store_printf(store_buf *b, const char *fmt, ...) {
+    if (b->len + 1 >= b->cap) return;
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(b->p + b->len, b->cap - b->len, fmt, ap);
+    va_end(ap);
+    if (n > 0) b->len = DF_MIN(b->len + (size_t)n, b->cap - 1);
+}
+
+static void store_print_bytes(store_buf *b, uint64_t n) {
+    if (n >= (1ull << 30)) store_printf(b, "%.2f GiB", (double)n / (1ull << 30));
+    else if (n >= (1ull << 20)) store_printf(b, "%.2f MiB", (double)n / (1ull << 20));
+    else if (n >= 1024) store_printf(b, "%.2f KiB", (double)n / 1024);
+    store_printf(b, n >= 1024 ? " (%llu bytes)" : "%llu bytes", (unsigned long long)n);
+}
+
+static void store_describe_experts(const df_store *st, store_buf *b) {
+    int64_t n = 0, noncontig = 0, unaligned = 0;
+    int moe_layers = 0, emin = 0, emax = 0;
+    uint64_t bmin = UINT64_MAX, bmax = 0;
+    const store_expert *first = NULL;
+    for (int l = 0; l < st->n_layers; l++) {
+        int ne = st->n_experts[l];
+        if (!ne) continue;
+        emin = moe_layers ? DF_MIN(emin, ne) : ne;
+        emax = DF_MAX(emax, ne);
+        moe_layers++;
+        for (int e = 0; e < ne; e++) {
+            const store_expert_loc *loc = &st->experts[l][e].loc;
+            uint64_t bytes = 0;
+            for (int p = 0; p < loc->n_parts; p++) bytes += loc->parts[p].length;
+            bmin = DF_MIN(bmin, bytes);
+            bmax = DF_MAX(bmax, bytes);
+            noncontig += !loc->contiguous;
+            unaligned += loc->contiguous && (loc->offset % 4096 || loc->length % 4096);
+            if (!first) first = &st->experts[l][e];
+            n++;
+        }
+    }
+    if (!n) {
+        store_printf(b, "routed experts: none\n");
+        return;
+    }
+    store_printf(b, "routed experts: %lld in %d MoE layers (", (long long)n, moe_layers);
+    if (emin == emax) store_printf(b, "%d per layer)\n", emin);
+    else store_printf(b, "%d..%d per layer)\n", emin, emax);
+    const df_tensor *w[3] = {&first->ex.w1, &first->ex.w2, &first->ex.w3};
+    store_printf(b, "  matrices:");
+    for (int m = 0; m < 3; m++)
+        store_printf(b, " %s %s [%lld, %lld]%s", store_mat_name(m), tensor_dtype_name(w[m]->dtype),
+                     (long long)w[m]->shape[0], (long long)w[m]->shape[1], m < 2 ? "," : "\n");
+    store_printf(b, "  bytes per expert: ");
+    store_print_bytes(b, bmin);
+    if (bmax != bmin) {
+        store_printf(b, " .. ");
+        store_print_bytes(b, bmax);
+    }
+    store_printf(b, "\n");
+    if (!noncontig)
+        store_printf(b, "  spans: every expert is one contiguous span (one read each); %s\n",
+                     unaligned ? "some spans are not 4 KiB aligned" : "all spans 4 KiB aligned");
+    else
+        store_printf(b, "  spans: %lld of %lld experts are not one contiguous span; per-tensor reads will be used for "
+                     "them\n", (long long)noncontig, (long long)n);
+}
+
+void store_describe(const df_store *st, char *buf, size_t cap) {
+    if (!cap) return;
+    size_t len = strnlen(buf, cap);
+    if (len >= cap) len = cap - 1, buf[len] = 0;
+    store_buf b = {buf, cap, len};
+    store_printf(&b, "checkpoint: %s (model_type %s%s)\n", st->dir, st->model_type,
+                 st->prefixed ? ", text tensors under " STORE_PREFIX : "");
+    store_printf(&b, "shards: %d (%s)\n", st->n_shards,
+                 st->indexed ? "model.safetensors.index.json" : "model.safetensors");
+    store_printf(&b, "tensors: %lld", (long long)st->n_tensors);
+    if (st->n_ignored) {
+        store_printf(&b, " (%lld non-text tensors ignored, ", (long long)st->n_ignored);
+        store_print_bytes(&b, st->ignored_bytes);
+        store_printf(&b, ")");
+    }
+    store_printf(&b, "\ntotal bytes: ");
+    store_print_bytes(&b, st->total_bytes);
+    store_printf(&b, "\nspine bytes: ");
+    store_print_bytes(&b, st->spine_bytes);
+    store_printf(&b, "\nrouted-expert bytes: ");
+    store_print_bytes(&b, st->expert_bytes);
+    store_printf(&b, "\nlayers: %d\n", st->n_layers);
+    if (st->n_copies)
+        store_printf(&b, "misaligned tensors copied to aligned memory: %d\n", st->n_copies);
+    store_describe_experts(st, &b);
+    store_printf(&b, "dtypes (text tensors):");
+    for (int i = 0; i < st->n_dtypes; i++)
+        store_printf(&b, " %s %lld%s", st->dtypes[i].name, (long long)st->dtypes[i].count,
+                     i + 1 < st->n_dtypes ? "," : "");
+    store_printf(&b, "\n");
+    for (int i = 0; i < st->n_shards; i++) {
+        const st_file *f = &st->shards[i];
+        uint64_t region = f->size - f->data_start;
+        if (f->covered != region)
+            store_printf(&b, "problem: %s: %llu of %llu data bytes belong to no tensor\n", f->path,
+                         (unsigned long long)(region - f->covered), (unsigned long long)region);
+    }
+    if (st->problems) {
+        const char *p = st->problems;
+        while (*p) {
+            const char *nl = strchr(p, '\n');
+            store_printf(&b, "problem: %.*s\n", (int)(nl - p), p);
+            p = nl + 1;
+        }
+    }
+    if (st->n_problems > STORE_MAX_PROBLEMS)
+        store_printf(&b, "problem: ... and %d more\n", st->n_problems - STORE_MAX_PROBLEMS);
+    int any = st->problems != NULL;
+    for (int i = 0; i < st->n_shards; i++) any |= st->shards[i].covered != st->shards[i].size - st->shards[i].data_start;
+    if (!any) store_printf(&b, "problems: none found\n");
+}
