@@ -81,6 +81,15 @@ typedef struct df_stats {
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 
+/* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
+ * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert
+ * matrix work, and the rest of the forward pass (projections, norms, router, embedding, head). */
+typedef struct df_profile {
+    double spine_read, expert_read, attention, expert_compute, spine_compute, total;
+} df_profile;
+void df_engine_profile(const df_engine *eng, df_profile *out);
+void df_engine_profile_reset(df_engine *eng);
+
 void df_error_set(df_error *err, int code, const char *fmt, ...)
 #if defined(__GNUC__)
     __attribute__((format(printf, 3, 4)))

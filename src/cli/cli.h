@@ -17,7 +17,7 @@ int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 
-/* Bundled default model folder (models/ next to the binary, or DELTAFIN_MODEL). */
+/* Bundled default model folder: $DELTAFIN_MODEL, else models/default (relative to the working folder). */
 const char *cli_default_model(void);
 
 #endif

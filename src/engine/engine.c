@@ -144,3 +144,11 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     memset(out, 0, sizeof *out);
     out->tokens_evaluated = e->tokens_evaluated;
 }
+
+void df_engine_profile(const df_engine *e, df_profile *out) {
+    *out = e->model.prof;
+    out->spine_compute = out->total - out->spine_read - out->expert_read - out->attention - out->expert_compute;
+    if (out->spine_compute < 0) out->spine_compute = 0;
+}
+
+void df_engine_profile_reset(df_engine *e) { memset(&e->model.prof, 0, sizeof e->model.prof); }

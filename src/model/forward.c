@@ -8,6 +8,12 @@
 #include "layer.h"
 #include "common/util.h"
 
+double model_clock(double *phase, double t0) {
+    double t = df_now();
+    *phase += t - t0;
+    return t;
+}
+
 /* ---- checked tensor access ------------------------------------------------------------------------ */
 
 static int dtype_is_matrix(df_dtype dt) {
@@ -306,6 +312,7 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
                      (long long)c->max_ctx);
         return DF_EINVAL;
     }
+    double t_start = df_now();
     int64_t n = (int64_t)T * c->d;
     float *h = xmalloc(n * sizeof(float));
     fwd_scratch sc = {xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float))};
@@ -318,7 +325,9 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
     }
     for (int i = 0; !rc && i < c->n_layers; i++) {
         df_fwd f = {m, NULL, i, err};
+        double t0 = df_now();
         rc = store_layer_acquire(m->store, i, &f.L, err);
+        model_clock(&m->prof.spine_read, t0);
         if (rc) break;
         rc = c->attn_res_block ? layer_attnres(&f, s, &ar, T, &sc, h) : layer_plain(&f, s, h, T, &sc);
         store_layer_release(m->store, f.L);
@@ -330,6 +339,7 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
     if (!rc && c->attn_res_block) rc = output_attnres(m, &ar, T, h, err);
     if (!rc && logits) rc = head_forward(m, h, T, logits, all_rows, err);
     if (!rc) s->pos += T;
+    model_clock(&m->prof.total, t_start);
     for (int b = 0; b < ar.nb; b++) free(ar.blocks[b]);
     free(ar.blocks);
     free(ar.p);

@@ -164,8 +164,10 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
     l2norm_heads(act[1], T, &k, 1.0f);
 
     float *o = pre[1];
+    double t0 = df_now();
     for (int h = 0; h < k.H; h++)
         kda_recur_head(&k, st->S + (int64_t)h * k.D * k.D, h, act[0], act[1], act[2], g, beta, T, o);
+    model_clock(&f->m->prof.attention, t0);
 
     float *gate = pre[2];
     if (w.g) {

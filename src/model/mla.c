@@ -122,7 +122,9 @@ int mla_forward(df_fwd *f, df_layer_state *st, int64_t pos0, const float *x, int
     float *o = xmalloc((size_t)T * Ov * sizeof(float));
     mla_query(f, &w, x, T, q);
     mla_cache_append(f, &w, st, pos0, x, T);
+    double t0 = df_now();
     for (int h = 0; h < H; h++) mla_head(f, &w, st, pos0, q, T, h, o);
+    model_clock(&f->m->prof.attention, t0);
     if (w.g) {
         float *g = xmalloc((size_t)T * Ov * sizeof(float));
         kern_matmul(f->m->kern, w.g, x, T, g);

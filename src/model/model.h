@@ -15,7 +15,11 @@ typedef struct df_model {
     df_kern *kern;             /* borrowed */
     int alog_per_channel;      /* SPEC §8.1 alternative reading of K3's A_log; off by default */
     const char *dir;           /* for messages */
+    df_profile prof;           /* accumulated phase times; spine_compute is derived at read time */
 } df_model;
+
+/* Adds the seconds since *t0 to a phase and restarts the clock. */
+double model_clock(double *phase, double t0);
 
 /* KDA layer: recurrent state S[h][j][v] (key channel j, value channel v) and the last W-1 pre-conv
  * inputs per channel of [q|k|v], oldest first. MLA layer: the post-norm latent c and raw rope key r of

@@ -154,7 +154,9 @@ static int expert_apply(df_fwd *f, const df_routing *r, int e, const float *z, i
                 w[n++] = r->wts[t * k + j];
             }
     df_expert ex;
+    double t0 = df_now();
     int rc = store_expert_acquire(f->m->store, f->layer, e, &ex, f->err);
+    t0 = model_clock(&f->m->prof.expert_read, t0);
     if (rc) {
         free(rows);
         free(w);
@@ -172,6 +174,7 @@ static int expert_apply(df_fwd *f, const df_routing *r, int e, const float *z, i
         }
         free(xg);
         free(yo);
+        model_clock(&f->m->prof.expert_compute, t0);
     }
     store_expert_release(f->m->store, f->layer, e);
     free(rows);
