@@ -818,13 +818,13 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
                  st->prefixed ? ", text tensors under " STORE_PREFIX : "");
     store_printf(&b, "shards: %d (%s)\n", st->n_shards,
                  st->indexed ? "model.safetensors.index.json" : "model.safetensors");
-    store_printf(&b, "tensors: %lld", (long long)st->n_tensors);
+    store_printf(&b, "tensors: %lld\n", (long long)st->n_tensors);
     if (st->n_ignored) {
-        store_printf(&b, " (%lld non-text tensors ignored, ", (long long)st->n_ignored);
+        store_printf(&b, "ignored: %lld non-text tensors, ", (long long)st->n_ignored);
         store_print_bytes(&b, st->ignored_bytes);
-        store_printf(&b, ")");
+        store_printf(&b, "\n");
     }
-    store_printf(&b, "\ntotal bytes: ");
+    store_printf(&b, "total bytes: ");
     store_print_bytes(&b, st->total_bytes);
     store_printf(&b, "\nspine bytes: ");
     store_print_bytes(&b, st->spine_bytes);

@@ -216,7 +216,7 @@ static void test_k3(const char *dir) {
     print_comment(desc);
     CHECK(!strncmp(desc, "info: checkpoint:", 17), "describe appends");
     CHECK(strstr(desc, "shards: 2") && strstr(desc, "11 in 1 MoE layers") && strstr(desc, "w1 MXFP4 [32, 64]") &&
-              strstr(desc, "every expert is one contiguous span") && strstr(desc, "2 non-text tensors ignored") &&
+              strstr(desc, "every expert is one contiguous span") && strstr(desc, "ignored: 2 non-text tensors") &&
               strstr(desc, "3264 bytes") && strstr(desc, "problems: none"),
           "describe: shards, experts, spans, ignored tensors, bytes per expert");
     char small[40] = "";
