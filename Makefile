@@ -74,4 +74,5 @@ clang-check:
 clean:
 	rm -rf build deltafin
 
+include src/kernels/kernels.mk
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -2,21 +2,34 @@
  *
  * Kernels know nothing about models: they take shapes, pointers and a thread pool. Activations are fp32;
  * weights are any df_tensor dtype (F32, BF16, F16, MXFP4, I8) and are never expanded to fp32 copies:
- * dequantisation happens inside the dot products. A df_kern is created once per engine and owns the
- * thread pool; its calls are not re-entrant (one forward pass at a time per df_kern). */
+ * dequantisation happens inside the dot products. Every ISA path computes exact fp32 products of the
+ * dequantised weight and the fp32 activation; paths differ from the scalar reference only in summation order
+ * (and, for I8, in applying the row scale after the sum instead of to each weight).
+ *
+ * A df_kern is created once per engine and owns the thread pool (created in kern_init, joined in kern_free;
+ * no per-call thread creation). Calls on one df_kern come from one thread at a time, except that the pooled
+ * calls (kern_matmul, kern_matmul_t, kern_parallel_for) may be made from inside a kern_parallel_for task: they
+ * then run on that task's thread alone, so per-expert or per-head work can be spread over the pool while each
+ * piece uses the ordinary kernels. */
 #ifndef DF_KERNELS_H
 #define DF_KERNELS_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "../common/tensor.h"
 
 /* One ISA's implementation. matmul_rows computes, for weight rows [r0, r1):
  *   y[i*ldy + r] = sum_c x[i*cols + c] * W[r, c]     for i in [0, n)
- * and must handle any r0/r1/n/cols (cols a multiple of 32 for MXFP4). */
+ * and must handle any r0/r1/n/cols (cols a multiple of 32 for MXFP4). For a dtype whose bit is set in
+ * packed_dtypes, x is not given as is but as kern_pack_x rearranged it (see there). */
 typedef struct df_kernels {
     const char *isa;
+    unsigned packed_dtypes;   /* bit (1u << dtype): matmul_rows reads x packed by kern_pack_x */
     void (*matmul_rows)(const df_tensor *w, int64_t r0, int64_t r1, const float *x, int n, float *y,
                         int64_t ldy);
+    /* Reads bytes [0, n) (n a multiple of 256, p 64-byte aligned) as fast as this ISA can; returns a checksum
+     * so the reads cannot be optimised away. The memory-bandwidth yardstick of `deltafin bench kernels`. */
+    uint64_t (*read_bytes)(const void *p, size_t n);
 } df_kernels;
 
 typedef struct df_pool df_pool;
@@ -28,17 +41,33 @@ typedef struct df_kern {
 } df_kern;
 
 /* isa: NULL = best for this CPU (the DELTAFIN_ISA env var overrides), or "scalar", "avx2", "avx512",
- * "neon". Fails (returns -1) if the ISA named is not available. */
+ * "neon". Fails (returns -1) if the ISA named is not available. n_threads <= 0 means 1. */
 int kern_init(df_kern *kc, int n_threads, const char *isa);
 void kern_free(df_kern *kc);
-/* All ISAs compiled into this binary that the CPU supports, NULL-terminated. */
-const df_kernels *const *kern_available(void);
+/* Fills out with the ISAs compiled into this binary that this CPU supports, best first (scalar last);
+ * returns how many (at most cap). */
+int kern_available(const df_kernels **out, int cap);
 const df_kernels *kern_scalar(void);
+/* The ISA-specific tables; NULL when not compiled in. Callers must check the CPU (kern_available does). */
+const df_kernels *kern_avx2(void);
+const df_kernels *kern_avx512(void);
+const df_kernels *kern_neon(void);
 
 /* y[n, W.rows] = x[n, W.cols] · Wᵀ, split over the pool. */
 void kern_matmul(df_kern *kc, const df_tensor *w, const float *x, int n, float *y);
 /* y[n, W.cols] = x[n, W.rows] · W  (transposed use: absorbed MLA). F32/BF16/F16 only. */
 void kern_matmul_t(df_kern *kc, const df_tensor *w, const float *x, int n, float *y);
+
+/* Runs fn(ctx, task) for task in [0, n_tasks) on the pool (the calling thread works too) and returns when
+ * all are done. Tasks are handed out dynamically, in increasing order. kern_parallel_for_t also passes the
+ * index of the thread running the task, in [0, kc->n_threads), for per-thread scratch buffers. */
+void kern_parallel_for(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task), void *ctx);
+void kern_parallel_for_t(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx);
+
+/* The x layout matmul_rows expects for dtypes in packed_dtypes: for MXFP4, each 32-column block is stored
+ * as its 16 even columns then its 16 odd columns (the order of the low then high nibbles of the 16 packed
+ * bytes). xp holds n*cols floats. */
+void kern_pack_x(const df_tensor *w, const float *x, int n, float *xp);
 
 /* Small fused pieces (per row of width d, rows contiguous). */
 void kern_rmsnorm(float *out, const float *x, const float *w, int d, float eps);  /* w may be NULL */
@@ -48,5 +77,20 @@ void kern_situ_mul(float *g, const float *u, int n, float beta, float beta_lin);
 void kern_softmax(float *x, int n);
 static inline float kern_sigmoid(float x) { return 1.0f / (1.0f + __builtin_expf(-x)); }
 static inline float kern_silu(float x) { return x / (1.0f + __builtin_expf(-x)); }
+
+/* E8M0 scale byte → 2^(s-127) as an fp32 bit pattern (s = 0 is the subnormal 2^-127; s = 255 gives inf,
+ * as ldexpf does). Shared by the ISA files. */
+static inline uint32_t kern_e8m0_bits(uint8_t s) { return s ? (uint32_t)s << 23 : 0x00400000u; }
+
+/* Aborts naming the tensor: a weight dtype the matmuls do not take is a programming error (storage hands out
+ * only F32/F16/BF16/MXFP4/I8 matrices). */
+_Noreturn void kern_die_dtype(const char *isa, const df_tensor *t);
+
+/* Thread pool (pool.c). n_threads counts the caller: n_threads - 1 workers are started. */
+df_pool *pool_new(int n_threads);
+void pool_free(df_pool *p);
+/* Returns 0 if it ran the tasks on the pool, or -1 without running anything if the pool is already busy
+ * (a call from inside a task): the caller then runs the tasks itself. */
+int pool_run(df_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx);
 
 #endif

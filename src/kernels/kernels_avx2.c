@@ -1,0 +1,204 @@
+/* kernels_avx2.c — AVX2+FMA+F16C matmul for every weight dtype, exact fp32 products.
+ *
+ * Built with -mavx2 -mfma -mf16c (Makefile) and only entered after kern_available checked the CPU. With 16 ymm
+ * registers the register tile is 2 weight rows × 4 activation rows, stepping 16 columns at a time. MXFP4: in a
+ * 32-column block the packed activations (kern_pack_x) hold the 16 even columns (low nibbles) then the 16 odd
+ * ones (high nibbles), so a 16-column step reads one nibble of each of the 16 bytes. vpermps looks up only 8
+ * entries (low 3 bits), so the E2M1 sign (bit 3) picks between a positive and a negative table with blendv. */
+#include "kernels.h"
+#include "../common/util.h"
+
+#if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+typedef struct {
+    const uint8_t *d;
+    const uint8_t *s;
+} wrow;
+
+AI __m256 e2m1_lookup(__m256i idx, __m256 tpos, __m256 tneg) {
+    __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));   /* bit 3 → sign bit */
+    return _mm256_blendv_ps(_mm256_permutevar8x32_ps(tpos, idx), _mm256_permutevar8x32_ps(tneg, idx), m);
+}
+
+/* Weight columns [c, c+16) (c a multiple of 16) as two fp32 vectors, in activation (packed) order. */
+AI void load16(const int dt, const wrow *w, int64_t c, __m256 *w0, __m256 *w1) {
+    switch (dt) {
+    case DF_DT_F32:
+        *w0 = _mm256_loadu_ps((const float *)(w->d + c * 4));
+        *w1 = _mm256_loadu_ps((const float *)(w->d + c * 4 + 32));
+        break;
+    case DF_DT_BF16:
+        *w0 = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w->d + c * 2))), 16));
+        *w1 = _mm256_castsi256_ps(
+            _mm256_slli_epi32(_mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(w->d + c * 2 + 16))), 16));
+        break;
+    case DF_DT_F16:
+        *w0 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->d + c * 2)));
+        *w1 = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(w->d + c * 2 + 16)));
+        break;
+    case DF_DT_I8:
+        *w0 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w->d + c))));
+        *w1 = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(w->d + c + 8))));
+        break;
+    default: {   /* MXFP4 */
+        int64_t c0 = c & ~(int64_t)31;
+        const uint8_t *b = w->d + c0 / 2;
+        uint32_t sb = kern_e8m0_bits(w->s[c0 / 32]);
+        __m256 sc = _mm256_castsi256_ps(_mm256_set1_epi32((int)sb));
+        __m256 tpos = _mm256_mul_ps(_mm256_setr_ps(0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f), sc);
+        __m256 tneg = _mm256_mul_ps(_mm256_setr_ps(-0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f), sc);
+        __m256i i0 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)b));
+        __m256i i1 = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(b + 8)));
+        if (c & 16) {
+            i0 = _mm256_srli_epi32(i0, 4);
+            i1 = _mm256_srli_epi32(i1, 4);
+        }
+        *w0 = e2m1_lookup(i0, tpos, tneg);
+        *w1 = e2m1_lookup(i1, tpos, tneg);
+        break;
+    }
+    }
+}
+
+static float weight_at(int dt, const wrow *w, int64_t c) {
+    switch (dt) {
+    case DF_DT_F32: { float f; memcpy(&f, w->d + c * 4, 4); return f; }
+    case DF_DT_BF16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_bf16_to_f32(h); }
+    case DF_DT_F16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_f16_to_f32(h); }
+    default: return (float)(int8_t)w->d[c];
+    }
+}
+
+AI float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+/* out[j*4 + i] = row j of w · x[i], for j < nw, i < na. */
+AI void tile(const int dt, const int nw, const int na, const wrow *w, const float *const *x, int64_t cols,
+             float *out) {
+    __m256 acc[2][4];
+#pragma GCC unroll 2
+    for (int j = 0; j < nw; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) acc[j][i] = _mm256_setzero_ps();
+    int64_t c = 0;
+    for (; c + 16 <= cols; c += 16) {
+        __m256 wv[2][2];
+#pragma GCC unroll 2
+        for (int j = 0; j < nw; j++) load16(dt, &w[j], c, &wv[j][0], &wv[j][1]);
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) {
+            __m256 x0 = _mm256_loadu_ps(x[i] + c), x1 = _mm256_loadu_ps(x[i] + c + 8);
+#pragma GCC unroll 2
+            for (int j = 0; j < nw; j++) {
+                acc[j][i] = _mm256_fmadd_ps(wv[j][0], x0, acc[j][i]);
+                acc[j][i] = _mm256_fmadd_ps(wv[j][1], x1, acc[j][i]);
+            }
+        }
+    }
+#pragma GCC unroll 2
+    for (int j = 0; j < nw; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) {
+            float s = hsum(acc[j][i]);
+            for (int64_t t = c; t < cols; t++) s += weight_at(dt, &w[j], t) * x[i][t];
+            out[j * 4 + i] = s;
+        }
+}
+
+#define TILE_SET(NAME, DT)                                                                            \
+    static void NAME(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out) { \
+        if (nw == 2) {                                                                                \
+            switch (na) {                                                                             \
+            case 1: tile(DT, 2, 1, w, x, cols, out); return;                                          \
+            case 2: tile(DT, 2, 2, w, x, cols, out); return;                                          \
+            case 3: tile(DT, 2, 3, w, x, cols, out); return;                                          \
+            default: tile(DT, 2, 4, w, x, cols, out); return;                                         \
+            }                                                                                         \
+        }                                                                                             \
+        switch (na) {                                                                                 \
+        case 1: tile(DT, 1, 1, w, x, cols, out); return;                                              \
+        case 2: tile(DT, 1, 2, w, x, cols, out); return;                                              \
+        case 3: tile(DT, 1, 3, w, x, cols, out); return;                                              \
+        default: tile(DT, 1, 4, w, x, cols, out); return;                                             \
+        }                                                                                             \
+    }
+
+TILE_SET(tiles_f32, DF_DT_F32)
+TILE_SET(tiles_bf16, DF_DT_BF16)
+TILE_SET(tiles_f16, DF_DT_F16)
+TILE_SET(tiles_i8, DF_DT_I8)
+TILE_SET(tiles_mxfp4, DF_DT_MXFP4)
+
+typedef void (*tiles_fn)(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out);
+
+static void matmul_rows_avx2(const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n, float *y,
+                             int64_t ldy) {
+    int64_t cols = t->shape[1];
+    const uint8_t *data = t->data, *scale = t->scale;
+    tiles_fn tiles;
+    int64_t row_bytes;
+    switch (t->dtype) {
+    case DF_DT_F32: tiles = tiles_f32; row_bytes = cols * 4; break;
+    case DF_DT_BF16: tiles = tiles_bf16; row_bytes = cols * 2; break;
+    case DF_DT_F16: tiles = tiles_f16; row_bytes = cols * 2; break;
+    case DF_DT_I8: tiles = tiles_i8; row_bytes = cols; break;
+    case DF_DT_MXFP4: tiles = tiles_mxfp4; row_bytes = cols / 2; break;
+    default: kern_die_dtype("avx2", t);
+    }
+    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) & ~(int64_t)1 : 0;
+    if (group < 2) group = 2;
+    for (int64_t g0 = r0; g0 < r1; g0 += group) {
+        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
+        for (int a = 0; a < n; a += 4) {
+            int na = n - a < 4 ? n - a : 4;
+            const float *xa[4];
+            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
+            for (int64_t r = g0; r < g1;) {
+                int nw = g1 - r >= 2 ? 2 : 1;
+                wrow w[2];
+                for (int j = 0; j < nw; j++) {
+                    w[j].d = data + (r + j) * row_bytes;
+                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
+                }
+                float out[16];
+                tiles(nw, na, w, xa, cols, out);
+                for (int j = 0; j < nw; j++) {
+                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
+                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
+                }
+                r += nw;
+            }
+        }
+    }
+}
+
+static uint64_t read_bytes_avx2(const void *p, size_t n) {
+    const char *q = p;
+    __m256i s0 = _mm256_setzero_si256(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 128) {
+        s0 = _mm256_add_epi64(s0, _mm256_load_si256((const __m256i *)(q + i)));
+        s1 = _mm256_add_epi64(s1, _mm256_load_si256((const __m256i *)(q + i + 32)));
+        s2 = _mm256_add_epi64(s2, _mm256_load_si256((const __m256i *)(q + i + 64)));
+        s3 = _mm256_add_epi64(s3, _mm256_load_si256((const __m256i *)(q + i + 96)));
+    }
+    __m256i s = _mm256_add_epi64(_mm256_add_epi64(s0, s1), _mm256_add_epi64(s2, s3));
+    uint64_t v[4];
+    _mm256_storeu_si256((__m256i *)v, s);
+    return v[0] + v[1] + v[2] + v[3];
+}
+
+static const df_kernels avx2 = {"avx2", 1u << DF_DT_MXFP4, matmul_rows_avx2, read_bytes_avx2};
+
+const df_kernels *kern_avx2(void) { return &avx2; }
+
+#else
+const df_kernels *kern_avx2(void) { return NULL; }
+#endif

@@ -1,0 +1,193 @@
+/* kernels_avx512.c — AVX-512 (F/BW/VL/DQ) matmul for every weight dtype, exact fp32 products.
+ *
+ * Built with AVX-512 flags (Makefile) and only entered after kern_available checked the CPU. A register tile
+ * of up to 4 weight rows × 4 activation rows is accumulated over all columns: each weight block is loaded and
+ * dequantised once for the 4 activation rows. MXFP4 uses a 16-entry fp32 table (the E2M1 values times the
+ * block's 2^(s-127)) indexed by vpermps, which reads only the low 4 bits of each index, so the low nibbles
+ * need no masking and the high ones one shift; the activations are packed (kern_pack_x) to match. I8 sums
+ * w·x per row and applies the row's fp16 scale once at the end. */
+#include "kernels.h"
+#include "../common/util.h"
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
+    defined(__FMA__)
+#include <immintrin.h>
+
+#define AI static inline __attribute__((always_inline))
+
+typedef struct {
+    const uint8_t *d;   /* start of the row's data */
+    const uint8_t *s;   /* MXFP4: the row's E8M0 scales */
+} wrow;
+
+/* Weight columns [c, c+32) as two fp32 vectors, in the order of the (packed, for MXFP4) activations. */
+AI void load32(const int dt, const wrow *w, int64_t c, __m512 tbl, __m512 *w0, __m512 *w1) {
+    switch (dt) {
+    case DF_DT_F32:
+        *w0 = _mm512_loadu_ps(w->d + c * 4);
+        *w1 = _mm512_loadu_ps(w->d + c * 4 + 64);
+        break;
+    case DF_DT_BF16:
+        *w0 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w->d + c * 2))), 16));
+        *w1 = _mm512_castsi512_ps(_mm512_slli_epi32(
+            _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(w->d + c * 2 + 32))), 16));
+        break;
+    case DF_DT_F16:
+        *w0 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + c * 2)));
+        *w1 = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(w->d + c * 2 + 32)));
+        break;
+    case DF_DT_I8:
+        *w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c))));
+        *w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c + 16))));
+        break;
+    default: {   /* MXFP4 */
+        __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c / 2)));
+        __m512 t = _mm512_mul_ps(tbl, _mm512_castsi512_ps(_mm512_set1_epi32((int)kern_e8m0_bits(w->s[c / 32]))));
+        *w0 = _mm512_permutexvar_ps(idx, t);
+        *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t);
+        break;
+    }
+    }
+}
+
+/* Weight columns [c, c+16) masked to the m valid ones (not MXFP4, whose rows are whole blocks). */
+AI __m512 load16m(const int dt, const wrow *w, int64_t c, __mmask16 m) {
+    switch (dt) {
+    case DF_DT_F32: return _mm512_maskz_loadu_ps(m, w->d + c * 4);
+    case DF_DT_BF16:
+        return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_maskz_loadu_epi16(m, w->d + c * 2)), 16));
+    case DF_DT_F16: return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, w->d + c * 2));
+    default: return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(m, w->d + c)));
+    }
+}
+
+/* out[j*4 + i] = row j of w · x[i], for j < nw, i < na. nw, na, dt are constants after inlining. */
+AI void tile(const int dt, const int nw, const int na, const wrow *w, const float *const *x, int64_t cols,
+             float *out) {
+    __m512 acc[4][4];
+#pragma GCC unroll 4
+    for (int j = 0; j < nw; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) acc[j][i] = _mm512_setzero_ps();
+    const __m512 tbl = _mm512_loadu_ps(df_e2m1_values);
+    int64_t c = 0;
+    for (; c + 32 <= cols; c += 32) {
+        __m512 wv[4][2];
+#pragma GCC unroll 4
+        for (int j = 0; j < nw; j++) load32(dt, &w[j], c, tbl, &wv[j][0], &wv[j][1]);
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) {
+            __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
+#pragma GCC unroll 4
+            for (int j = 0; j < nw; j++) {
+                acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
+                acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
+            }
+        }
+    }
+    for (; dt != DF_DT_MXFP4 && c < cols; c += 16) {
+        __mmask16 m = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
+        __m512 wv[4];
+#pragma GCC unroll 4
+        for (int j = 0; j < nw; j++) wv[j] = load16m(dt, &w[j], c, m);
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) {
+            __m512 x0 = _mm512_maskz_loadu_ps(m, x[i] + c);
+#pragma GCC unroll 4
+            for (int j = 0; j < nw; j++) acc[j][i] = _mm512_fmadd_ps(wv[j], x0, acc[j][i]);
+        }
+    }
+#pragma GCC unroll 4
+    for (int j = 0; j < nw; j++)
+#pragma GCC unroll 4
+        for (int i = 0; i < na; i++) out[j * 4 + i] = _mm512_reduce_add_ps(acc[j][i]);
+}
+
+#define TILE_SET(NAME, DT)                                                                            \
+    static void NAME(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out) { \
+        if (nw == 4) {                                                                                \
+            switch (na) {                                                                             \
+            case 1: tile(DT, 4, 1, w, x, cols, out); return;                                          \
+            case 2: tile(DT, 4, 2, w, x, cols, out); return;                                          \
+            case 3: tile(DT, 4, 3, w, x, cols, out); return;                                          \
+            default: tile(DT, 4, 4, w, x, cols, out); return;                                         \
+            }                                                                                         \
+        }                                                                                             \
+        switch (na) {                                                                                 \
+        case 1: tile(DT, 1, 1, w, x, cols, out); return;                                              \
+        case 2: tile(DT, 1, 2, w, x, cols, out); return;                                              \
+        case 3: tile(DT, 1, 3, w, x, cols, out); return;                                              \
+        default: tile(DT, 1, 4, w, x, cols, out); return;                                             \
+        }                                                                                             \
+    }
+
+TILE_SET(tiles_f32, DF_DT_F32)
+TILE_SET(tiles_bf16, DF_DT_BF16)
+TILE_SET(tiles_f16, DF_DT_F16)
+TILE_SET(tiles_i8, DF_DT_I8)
+TILE_SET(tiles_mxfp4, DF_DT_MXFP4)
+
+typedef void (*tiles_fn)(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out);
+
+static void matmul_rows_avx512(const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n, float *y,
+                               int64_t ldy) {
+    int64_t cols = t->shape[1];
+    const uint8_t *data = t->data, *scale = t->scale;
+    tiles_fn tiles;
+    int64_t row_bytes;
+    switch (t->dtype) {
+    case DF_DT_F32: tiles = tiles_f32; row_bytes = cols * 4; break;
+    case DF_DT_BF16: tiles = tiles_bf16; row_bytes = cols * 2; break;
+    case DF_DT_F16: tiles = tiles_f16; row_bytes = cols * 2; break;
+    case DF_DT_I8: tiles = tiles_i8; row_bytes = cols; break;
+    case DF_DT_MXFP4: tiles = tiles_mxfp4; row_bytes = cols / 2; break;
+    default: kern_die_dtype("avx512", t);
+    }
+    /* Weight rows in groups small enough to stay in L2 while every group of 4 activation rows passes. */
+    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) & ~(int64_t)3 : 0;
+    if (group < 4) group = 4;
+    for (int64_t g0 = r0; g0 < r1; g0 += group) {
+        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
+        for (int a = 0; a < n; a += 4) {
+            int na = n - a < 4 ? n - a : 4;
+            const float *xa[4];
+            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
+            for (int64_t r = g0; r < g1;) {
+                int nw = g1 - r >= 4 ? 4 : 1;
+                wrow w[4];
+                for (int j = 0; j < nw; j++) {
+                    w[j].d = data + (r + j) * row_bytes;
+                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
+                }
+                float out[16];
+                tiles(nw, na, w, xa, cols, out);
+                for (int j = 0; j < nw; j++) {
+                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
+                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
+                }
+                r += nw;
+            }
+        }
+    }
+}
+
+static uint64_t read_bytes_avx512(const void *p, size_t n) {
+    const char *q = p;
+    __m512i s0 = _mm512_setzero_si512(), s1 = s0, s2 = s0, s3 = s0;
+    for (size_t i = 0; i < n; i += 256) {
+        s0 = _mm512_add_epi64(s0, _mm512_load_si512(q + i));
+        s1 = _mm512_add_epi64(s1, _mm512_load_si512(q + i + 64));
+        s2 = _mm512_add_epi64(s2, _mm512_load_si512(q + i + 128));
+        s3 = _mm512_add_epi64(s3, _mm512_load_si512(q + i + 192));
+    }
+    return (uint64_t)_mm512_reduce_add_epi64(_mm512_add_epi64(_mm512_add_epi64(s0, s1), _mm512_add_epi64(s2, s3)));
+}
+
+static const df_kernels avx512 = {"avx512", 1u << DF_DT_MXFP4, matmul_rows_avx512, read_bytes_avx512};
+
+const df_kernels *kern_avx512(void) { return &avx512; }
+
+#else
+const df_kernels *kern_avx512(void) { return NULL; }
+#endif

@@ -1,0 +1,338 @@
+/* test_kernels.c — every ISA path of the kernels against the scalar reference, on awkward shapes, plus the
+ * thread pool, the transposed matmul and the small fused pieces. Also cross-compiled for aarch64 and run
+ * under qemu (tests/shell/test_neon_qemu.sh), where it covers the NEON path. */
+#include <math.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include "kernels/kernels.h"
+#include "common/util.h"
+#include "test.h"
+
+typedef struct {
+    uint64_t s;
+} rng;
+
+static uint32_t rng_u32(rng *r) {
+    r->s ^= r->s << 13;
+    r->s ^= r->s >> 7;
+    r->s ^= r->s << 17;
+    return (uint32_t)(r->s >> 11);
+}
+
+static float rng_f(rng *r) { return (float)((rng_u32(r) & 0xffffff) / 16777216.0 * 2.0 - 1.0); }
+
+/* A random matrix of dtype dt with its own storage. */
+typedef struct {
+    df_tensor t;
+    void *data, *scale;
+} mat;
+
+static mat mat_random(df_dtype dt, int64_t rows, int64_t cols, rng *r) {
+    mat m = {0};
+    m.t.name = "test.weight";
+    m.t.dtype = dt;
+    m.t.ndim = 2;
+    m.t.shape[0] = rows;
+    m.t.shape[1] = cols;
+    int64_t ne = rows * cols;
+    switch (dt) {
+    case DF_DT_F32: {
+        float *p = m.data = xmalloc(ne * 4);
+        for (int64_t i = 0; i < ne; i++) p[i] = rng_f(r);
+        break;
+    }
+    case DF_DT_BF16: case DF_DT_F16: {
+        uint16_t *p = m.data = xmalloc(ne * 2);
+        for (int64_t i = 0; i < ne; i++) p[i] = dt == DF_DT_BF16 ? df_f32_to_bf16(rng_f(r)) : df_f32_to_f16(rng_f(r));
+        break;
+    }
+    case DF_DT_I8: {
+        int8_t *p = m.data = xmalloc(ne);
+        uint16_t *s = m.scale = xmalloc(rows * 2);
+        for (int64_t i = 0; i < ne; i++) p[i] = (int8_t)(rng_u32(r) & 0xff);
+        for (int64_t i = 0; i < rows; i++) s[i] = df_f32_to_f16(0.001f + 0.02f * fabsf(rng_f(r)));
+        break;
+    }
+    case DF_DT_MXFP4: {
+        uint8_t *p = m.data = xmalloc(ne / 2);
+        uint8_t *s = m.scale = xmalloc(ne / 32);
+        for (int64_t i = 0; i < ne / 2; i++) p[i] = (uint8_t)rng_u32(r);
+        for (int64_t i = 0; i < ne / 32; i++) s[i] = (uint8_t)(118 + rng_u32(r) % 12);
+        if (ne / 32 > 1) s[0] = 0, s[1] = 1;   /* the subnormal scales 2^-127 and 2^-126 */
+        break;
+    }
+    default: break;
+    }
+    m.t.data = m.data;
+    m.t.scale = m.scale;
+    return m;
+}
+
+static void mat_free(mat *m) {
+    free(m->data);
+    free(m->scale);
+}
+
+/* Largest |got - want| relative to sum_c |x_c * w_c| of that output, over all outputs. */
+static double max_rel_err(const df_tensor *w, const float *x, int n, const float *got, const float *want) {
+    int64_t rows = w->shape[0], cols = w->shape[1];
+    float *row = xmalloc(cols * sizeof(float));
+    double worst = 0;
+    for (int64_t r = 0; r < rows; r++) {
+        tensor_row_f32(w, r, row);
+        for (int i = 0; i < n; i++) {
+            double mag = 1e-30;
+            for (int64_t c = 0; c < cols; c++) mag += fabs((double)x[i * cols + c] * row[c]);
+            double e = fabs((double)got[i * rows + r] - want[i * rows + r]) / mag;
+            if (!(e <= worst)) worst = e;   /* NaN counts as worst */
+        }
+    }
+    free(row);
+    return worst;
+}
+
+static const df_dtype dtypes[] = {DF_DT_F32, DF_DT_F16, DF_DT_BF16, DF_DT_I8, DF_DT_MXFP4};
+/* Tolerance per dtype, relative to sum |x·w|: every path multiplies the exact dequantised weight by the fp32
+ * activation and sums in fp32, so only summation order differs (I8: the row scale is applied after the sum,
+ * one more rounding). */
+static double tolerance(df_dtype dt) { return dt == DF_DT_I8 ? 2e-6 : 1e-6; }
+
+static void check_isa_matmul(const df_kernels *k, rng *r) {
+    static const struct { int64_t rows, cols; int n; } shapes[] = {
+        {1, 32, 1}, {1, 64, 7}, {3, 96, 2}, {5, 160, 3}, {7, 64, 4}, {13, 288, 5}, {33, 256, 1},
+        {66, 512, 9}, {129, 1024, 17}, {300, 96, 33}, {4, 4096, 1}, {17, 7168, 2},
+    };
+    static const int64_t odd_cols[] = {1, 7, 17, 37, 100, 129};
+    df_kern kc;
+    CHECK(kern_init(&kc, 2, k->isa) == 0, "%s: kern_init", k->isa);
+    for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
+        df_dtype dt = dtypes[di];
+        double worst = 0;
+        int bad_split = 0;
+        int n_cases = (int)(sizeof shapes / sizeof shapes[0]) + (dt == DF_DT_MXFP4 ? 0 : 6);
+        for (int s = 0; s < n_cases; s++) {
+            int64_t rows, cols;
+            int n;
+            if (s < (int)(sizeof shapes / sizeof shapes[0])) {
+                rows = shapes[s].rows, cols = shapes[s].cols, n = shapes[s].n;
+            } else {
+                cols = odd_cols[s - sizeof shapes / sizeof shapes[0]], rows = 11 + s, n = 1 + s % 6;
+            }
+            mat m = mat_random(dt, rows, cols, r);
+            float *x = xmalloc(n * cols * sizeof(float)), *xp = xmalloc(n * cols * sizeof(float));
+            float *want = xmalloc(n * rows * sizeof(float)), *got = xmalloc(n * rows * sizeof(float));
+            float *part = xmalloc(n * rows * sizeof(float));
+            for (int64_t i = 0; i < n * cols; i++) x[i] = rng_f(r) * 4.0f;
+            kern_scalar()->matmul_rows(&m.t, 0, rows, x, n, want, rows);
+            kern_matmul(&kc, &m.t, x, n, got);
+            double e = max_rel_err(&m.t, x, n, got, want);
+            if (!(e <= worst)) worst = e;
+            /* the table entry on an odd row range, as the pool's chunks call it */
+            const float *xk = x;
+            if (k->packed_dtypes & (1u << dt)) {
+                kern_pack_x(&m.t, x, n, xp);
+                xk = xp;
+            }
+            int64_t r0 = rows / 3, r1 = rows - rows / 5;
+            memcpy(part, got, n * rows * sizeof(float));
+            k->matmul_rows(&m.t, r0, r1, xk, n, part, rows);
+            for (int i = 0; i < n; i++)
+                for (int64_t q = r0; q < r1; q++)
+                    if (part[i * rows + q] != got[i * rows + q]) bad_split++;
+            free(x), free(xp), free(want), free(got), free(part);
+            mat_free(&m);
+        }
+        CHECK(worst <= tolerance(dt), "%s %s: matmul vs scalar reference, %d shapes, max rel err %.2g <= %.0g",
+              k->isa, tensor_dtype_name(dt), n_cases, worst, tolerance(dt));
+        CHECK(bad_split == 0, "%s %s: a row's result does not depend on how rows are split (%d differ)", k->isa,
+              tensor_dtype_name(dt), bad_split);
+    }
+    kern_free(&kc);
+}
+
+static void check_threads_agree(const df_kernels *k, rng *r) {
+    mat m = mat_random(DF_DT_MXFP4, 1000, 512, r);
+    int n = 6;
+    float *x = xmalloc(n * 512 * sizeof(float)), *y1 = xmalloc(n * 1000 * sizeof(float)),
+          *y3 = xmalloc(n * 1000 * sizeof(float));
+    for (int i = 0; i < n * 512; i++) x[i] = rng_f(r);
+    df_kern k1, k3;
+    CHECK(kern_init(&k1, 1, k->isa) == 0 && kern_init(&k3, 3, k->isa) == 0, "%s: init 1 and 3 threads", k->isa);
+    kern_matmul(&k1, &m.t, x, n, y1);
+    kern_matmul(&k3, &m.t, x, n, y3);
+    CHECK(!memcmp(y1, y3, n * 1000 * sizeof(float)), "%s: 1 and 3 threads give identical results", k->isa);
+    kern_free(&k1);
+    kern_free(&k3);
+    free(x), free(y1), free(y3);
+    mat_free(&m);
+}
+
+typedef struct {
+    atomic_int hits[1000];
+    atomic_int bad_thread;
+    int n_threads;
+} pf_ctx;
+
+static void pf_count(void *ctx, int task) {
+    pf_ctx *c = ctx;
+    atomic_fetch_add(&c->hits[task], 1);
+}
+
+static void pf_count_t(void *ctx, int task, int thread) {
+    pf_ctx *c = ctx;
+    atomic_fetch_add(&c->hits[task], 1);
+    if (thread < 0 || thread >= c->n_threads) atomic_fetch_add(&c->bad_thread, 1);
+}
+
+typedef struct {
+    df_kern *kc;
+    const df_tensor *w;
+    const float *x;
+    float *y;   /* one output row of w.rows per task */
+} nest_ctx;
+
+static void nest_task(void *ctx, int task) {
+    nest_ctx *c = ctx;
+    kern_matmul(c->kc, c->w, c->x + task * c->w->shape[1], 1, c->y + task * c->w->shape[0]);
+}
+
+static void check_pool(rng *r) {
+    df_kern kc;
+    CHECK(kern_init(&kc, 3, NULL) == 0, "pool: init 3 threads");
+    int ok = 1;
+    for (int round = 0; round < 200 && ok; round++) {
+        pf_ctx *c = xcalloc(1, sizeof *c);
+        c->n_threads = kc.n_threads;
+        int n = 1 + round * 5 % 1000;
+        if (round % 2) kern_parallel_for(&kc, n, pf_count, c);
+        else kern_parallel_for_t(&kc, n, pf_count_t, c);
+        for (int t = 0; t < 1000; t++)
+            if (atomic_load(&c->hits[t]) != (t < n)) ok = 0;
+        if (atomic_load(&c->bad_thread)) ok = 0;
+        free(c);
+    }
+    CHECK(ok, "pool: 200 jobs, every task run exactly once, thread indices in range");
+
+    /* matmuls from inside pool tasks (per-expert style) run inline and are still right */
+    mat m = mat_random(DF_DT_BF16, 200, 96, r);
+    int n = 8;
+    float *x = xmalloc(n * 96 * sizeof(float)), *y = xmalloc(n * 200 * sizeof(float)),
+          *want = xmalloc(n * 200 * sizeof(float));
+    for (int i = 0; i < n * 96; i++) x[i] = rng_f(r);
+    nest_ctx nc = {&kc, &m.t, x, y};
+    kern_parallel_for(&kc, n, nest_task, &nc);
+    kern_scalar()->matmul_rows(&m.t, 0, 200, x, n, want, 200);
+    CHECK(max_rel_err(&m.t, x, n, y, want) <= 1e-6, "pool: nested kern_matmul inside tasks");
+    free(x), free(y), free(want);
+    mat_free(&m);
+    kern_free(&kc);
+}
+
+static void check_matmul_t(rng *r) {
+    df_kern kc;
+    CHECK(kern_init(&kc, 2, NULL) == 0, "matmul_t: init");
+    const df_dtype dts[] = {DF_DT_F32, DF_DT_BF16, DF_DT_F16};
+    for (int d = 0; d < 3; d++) {
+        int64_t rows = 37, cols = 600;
+        int n = 3;
+        mat m = mat_random(dts[d], rows, cols, r);
+        float *x = xmalloc(n * rows * sizeof(float)), *y = xmalloc(n * cols * sizeof(float));
+        float *wf = xmalloc(rows * cols * sizeof(float));
+        for (int i = 0; i < n * rows; i++) x[i] = rng_f(r);
+        tensor_to_f32(&m.t, wf);
+        kern_matmul_t(&kc, &m.t, x, n, y);
+        double worst = 0;
+        for (int i = 0; i < n; i++)
+            for (int64_t c = 0; c < cols; c++) {
+                double s = 0, mag = 1e-30;
+                for (int64_t q = 0; q < rows; q++) {
+                    s += (double)x[i * rows + q] * wf[q * cols + c];
+                    mag += fabs((double)x[i * rows + q] * wf[q * cols + c]);
+                }
+                double e = fabs(s - y[i * cols + c]) / mag;
+                if (!(e <= worst)) worst = e;
+            }
+        CHECK(worst <= 1e-6, "matmul_t %s: vs double reference, max rel err %.2g", tensor_dtype_name(dts[d]), worst);
+        free(x), free(y), free(wf);
+        mat_free(&m);
+    }
+    kern_free(&kc);
+}
+
+static void check_small_ops(rng *r) {
+    enum { D = 77 };
+    float x[D], w[D], out[D], g[D], u[D];
+    for (int i = 0; i < D; i++) x[i] = rng_f(r) * 3, w[i] = rng_f(r), g[i] = rng_f(r) * 5, u[i] = rng_f(r);
+    double ss = 0;
+    for (int i = 0; i < D; i++) ss += (double)x[i] * x[i];
+    kern_rmsnorm(out, x, w, D, 1e-6f);
+    double e = 0;
+    for (int i = 0; i < D; i++) e = fmax(e, fabs(out[i] - x[i] / sqrt(ss / D + 1e-6) * w[i]));
+    CHECK(e < 1e-5, "rmsnorm matches double reference (%.2g)", e);
+
+    double dot = 0;
+    for (int i = 0; i < D; i++) dot += (double)x[i] * w[i];
+    CHECK(fabs(kern_dot(x, w, D) - dot) < 1e-4, "dot");
+
+    float gs[D];
+    memcpy(gs, g, sizeof g);
+    kern_silu_mul(gs, u, D);
+    e = 0;
+    for (int i = 0; i < D; i++) e = fmax(e, fabs(gs[i] - g[i] / (1 + exp(-g[i])) * u[i]));
+    CHECK(e < 1e-5, "silu_mul (%.2g)", e);
+
+    memcpy(gs, g, sizeof g);
+    kern_situ_mul(gs, u, D, 2.0f, 3.0f);
+    e = 0;
+    for (int i = 0; i < D; i++) {
+        double want = 2.0 * tanh(g[i] / 2.0) / (1 + exp(-g[i])) * (3.0 * tanh(u[i] / 3.0));
+        e = fmax(e, fabs(gs[i] - want));
+    }
+    CHECK(e < 1e-5, "situ_mul (%.2g)", e);
+
+    float sm[D];
+    memcpy(sm, g, sizeof g);
+    kern_softmax(sm, D);
+    double mx = -1e30, tot = 0, se = 0, sum = 0;
+    for (int i = 0; i < D; i++) mx = fmax(mx, g[i]);
+    for (int i = 0; i < D; i++) tot += exp(g[i] - mx);
+    for (int i = 0; i < D; i++) se = fmax(se, fabs(sm[i] - exp(g[i] - mx) / tot)), sum += sm[i];
+    CHECK(se < 1e-6 && fabs(sum - 1) < 1e-5, "softmax (%.2g)", se);
+}
+
+static void check_selection(void) {
+    const df_kernels *av[8];
+    int n = kern_available(av, 8);
+    CHECK(n >= 1 && av[n - 1] == kern_scalar(), "scalar is always available, last");
+    df_kern kc;
+    setenv("DELTAFIN_ISA", "scalar", 1);
+    CHECK(kern_init(&kc, 1, NULL) == 0 && kc.k == kern_scalar(), "DELTAFIN_ISA=scalar selects scalar");
+    kern_free(&kc);
+    setenv("DELTAFIN_ISA", "no-such-isa", 1);
+    CHECK(kern_init(&kc, 1, NULL) == -1, "unknown DELTAFIN_ISA is refused");
+    unsetenv("DELTAFIN_ISA");
+    CHECK(kern_init(&kc, 1, NULL) == 0 && kc.k == av[0], "default is the best ISA: %s", kc.k->isa);
+    kern_free(&kc);
+    char names[128] = "";
+    for (int i = 0; i < n; i++) {
+        strcat(names, " ");
+        strcat(names, av[i]->isa);
+    }
+    printf("# ISAs on this CPU:%s\n", names);
+}
+
+int main(void) {
+    rng r = {0x9e3779b97f4a7c15ull};
+    check_selection();
+    const df_kernels *av[8];
+    int n = kern_available(av, 8);
+    for (int i = 0; i < n; i++) {
+        check_isa_matmul(av[i], &r);
+        check_threads_agree(av[i], &r);
+    }
+    check_pool(&r);
+    check_matmul_t(&r);
+    check_small_ops(&r);
+    TEST_EXIT();
+}
