@@ -76,6 +76,17 @@ void df_engine_free(df_engine *e) {
 
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
 
+static void fmt_count(char out[32], int64_t n) {
+    static const char *units[] = {"", "K", "M", "B", "T"};
+    double v = (double)n;
+    int u = 0;
+    while (v >= 1000.0 && u < 4) {
+        v /= 1000.0;
+        u++;
+    }
+    snprintf(out, 32, u ? "%.3g%s" : "%.0f%s", v, units[u]);
+}
+
 int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     const df_config *c = &e->model.cfg;
     int n = snprintf(buf, cap, "family: %s\nlayers: %d (hidden %d, vocab %d)\nschedule: ", e->info.family,
@@ -94,6 +105,16 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
                       c->n_shared, c->moe_inter, c->latent_dim ? " (latent)" : "", c->topk_group, c->n_group,
                       c->routed_scale, c->use_situ ? "SiTU-GLU" : "SwiGLU", c->attn_res_block, e->kern.k->isa,
                       e->kern.n_threads);
+    df_param_counts pc;
+    config_param_counts(c, &pc);
+    char a[4][32];
+    fmt_count(a[0], pc.spine + pc.experts);
+    fmt_count(a[1], pc.spine);
+    fmt_count(a[2], pc.experts);
+    fmt_count(a[3], pc.spine + pc.per_expert * c->topk * pc.n_moe_layers);
+    if (n < (int)cap)
+        n += snprintf(buf + n, cap - n, "parameters: %s total = spine %s + routed experts %s (%lld per expert); "
+                      "%s active per token\n", a[0], a[1], a[2], (long long)pc.per_expert, a[3]);
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     return DF_OK;
 }

@@ -241,3 +241,35 @@ void config_free(df_config *c) {
     free(c->ffn);
     c->mixer = c->ffn = NULL;
 }
+
+static int64_t params_kda(const df_config *c) {
+    int64_t d = c->d, H = c->kda_heads, D = c->kda_dim, P = H * D;
+    int64_t gate = c->full_rank_gate ? P * d : D * d + P * D;
+    return 3 * P * d + 3 * P * c->conv_w + D * d + P * D + P + H + H * d + gate + D + d * P;
+}
+
+static int64_t params_mla(const df_config *c) {
+    int64_t d = c->d, H = c->mla_heads, Nq = c->nope + c->rope, Lc = c->kv_lora;
+    int64_t q = c->q_lora ? (int64_t)c->q_lora * d + c->q_lora + H * Nq * c->q_lora : H * Nq * d;
+    int64_t gate = c->mla_out_gate ? H * c->vdim * d : 0;
+    return q + (Lc + c->rope) * d + Lc + H * (c->nope + c->vdim) * Lc + d * H * c->vdim + gate;
+}
+
+void config_param_counts(const df_config *c, df_param_counts *out) {
+    int64_t d = c->d, Dz = config_expert_dim(c);
+    memset(out, 0, sizeof *out);
+    out->spine = 2 * (int64_t)c->vocab * d + d + (c->attn_res_block ? 2 * d : 0);
+    out->per_expert = 3 * (int64_t)c->moe_inter * Dz;
+    for (int i = 0; i < c->n_layers; i++) {
+        out->spine += 2 * d + (c->attn_res_block ? 4 * d : 0);
+        out->spine += c->mixer[i] == MIXER_KDA ? params_kda(c) : params_mla(c);
+        if (c->ffn[i] == FFN_DENSE) {
+            out->spine += 3 * (int64_t)c->dense_inter * d;
+            continue;
+        }
+        out->n_moe_layers++;
+        out->spine += (int64_t)c->n_experts * (d + 1) + 3 * (int64_t)c->moe_inter * c->n_shared * d;
+        if (c->latent_dim) out->spine += 2 * Dz * d + (c->latent_norm ? Dz : 0);
+    }
+    out->experts = out->per_expert * c->n_experts * out->n_moe_layers;
+}

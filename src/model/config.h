@@ -52,6 +52,13 @@ typedef struct df_config {
 /* Parses config.json text; path is only used in messages. */
 int config_parse(df_config *cfg, const char *json_text, const char *path, df_error *err);
 void config_free(df_config *cfg);
+/* Parameter counts implied by the config: spine (everything but routed experts), one routed expert, and
+ * all routed experts. */
+typedef struct {
+    int64_t spine, per_expert, experts, n_moe_layers;
+} df_param_counts;
+void config_param_counts(const df_config *c, df_param_counts *out);
+
 /* Width of the routed experts' input/output (latent width for K3, d otherwise). */
 static inline int config_expert_dim(const df_config *c) { return c->latent_dim ? c->latent_dim : c->d; }
 
