@@ -3,7 +3,7 @@
 # they are already present (used by `make run`).
 set -eu
 PKGS=(build-essential pkg-config clang libpcre2-dev liburing-dev libcurl4-openssl-dev libmicrohttpd-dev
-      libjansson-dev gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
+      libjansson-dev python3 gcc-aarch64-linux-gnu libc6-dev-arm64-cross qemu-user-static)
 if [ "${1:-}" = "--if-missing" ]; then
     missing=0
     for p in "${PKGS[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing=1; done
