@@ -1,0 +1,56 @@
+/* generate.h — the decode loop shared by `deltafin run`/`chat` and the server: from the logits after a
+ * prompt, sample → decode text → route reasoning vs answer (chat) → match stop strings → report each token
+ * through a callback → feed the token back, until end of message, a stop string, max_tokens or the caller
+ * cancels. Text handed to the callback is always whole UTF-8 characters. */
+#ifndef DF_GENERATE_H
+#define DF_GENERATE_H
+
+#include <stdint.h>
+#include "deltafin.h"
+#include "sample/sample.h"
+#include "sample/stop.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct gen_config {
+    const tokenizer *tok;     /* NULL: ids only, no text */
+    int chat;                 /* split reasoning/answer with the chat format's markers (needs tok) */
+    chat_format fmt;
+    int in_reasoning;         /* the chat prompt ended inside the reasoning part */
+    int max_tokens;           /* > 0 */
+    int32_t eos_id;           /* ends generation; -1 = none */
+    const char *const *stop;  /* stop strings, matched on the answer text */
+    int n_stop;
+    sample_params sp;
+} gen_config;
+
+typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED } gen_finish;
+
+/* One generated token and the text it released (either may be empty: a partial character or a possible
+ * stop-string start is held back). final: the last event of the generation (finish is then set). */
+typedef struct gen_event {
+    int32_t id;
+    const sample_result *sample;
+    const char *content;
+    size_t content_len;
+    const char *reasoning;
+    size_t reasoning_len;
+    int final;
+    gen_finish finish;
+} gen_event;
+
+/* Return non-zero to stop generating (finish = cancelled). */
+typedef int (*gen_event_fn)(void *ctx, const gen_event *ev);
+
+typedef struct gen_result {
+    gen_finish finish;
+    tok_ids ids;              /* every sampled id (the caller frees with tok_ids_free) */
+    int n_evaluated;          /* how many of them were fed back into the session (all but the last) */
+    double decode_s;          /* time spent sampling and evaluating */
+} gen_result;
+
+/* logits: [vocab] after the prompt; reused as scratch. Returns DF_OK, DF_ECANCELLED (callback or the
+ * session's step callback stopped it) or an evaluation error. */
+int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
+            gen_result *res, df_error *err);
+
+#endif
