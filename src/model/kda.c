@@ -99,6 +99,20 @@ static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, c
 }
 
 typedef struct {
+    const kda_dims *k;
+    float *S;
+    const float *q, *kk, *v, *g, *beta;
+    int T;
+    float *o;
+} kda_recur_job;
+
+/* Heads are independent: one pool task each. */
+static void kda_recur_task(void *ctx, int h) {
+    kda_recur_job *j = ctx;
+    kda_recur_head(j->k, j->S + (int64_t)h * j->k->D * j->k->D, h, j->q, j->kk, j->v, j->g, j->beta, j->T, j->o);
+}
+
+typedef struct {
     const df_tensor *q, *k, *v, *fa, *fb, *b, *ga, *gb, *g, *o;
     float *conv[3], *dt_bias, *alog, *onorm;
 } kda_weights;
@@ -165,8 +179,8 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
 
     float *o = pre[1];
     double t0 = df_now();
-    for (int h = 0; h < k.H; h++)
-        kda_recur_head(&k, st->S + (int64_t)h * k.D * k.D, h, act[0], act[1], act[2], g, beta, T, o);
+    kda_recur_job job = {&k, st->S, act[0], act[1], act[2], g, beta, T, o};
+    kern_parallel_for(kc, k.H, kda_recur_task, &job);
     model_clock(&f->m->prof.attention, t0);
 
     float *gate = pre[2];

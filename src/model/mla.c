@@ -112,6 +112,22 @@ static void mla_head(df_fwd *f, const mla_weights *w, const df_layer_state *st, 
     free(oh);
 }
 
+typedef struct {
+    df_fwd *f;
+    const mla_weights *w;
+    const df_layer_state *st;
+    int64_t pos0;
+    const float *q;
+    int T;
+    float *o;
+} mla_job;
+
+/* Heads are independent (disjoint output columns): one pool task each. */
+static void mla_head_task(void *ctx, int h) {
+    mla_job *j = ctx;
+    mla_head(j->f, j->w, j->st, j->pos0, j->q, j->T, h, j->o);
+}
+
 int mla_forward(df_fwd *f, df_layer_state *st, int64_t pos0, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     mla_weights w;
@@ -123,7 +139,8 @@ int mla_forward(df_fwd *f, df_layer_state *st, int64_t pos0, const float *x, int
     mla_query(f, &w, x, T, q);
     mla_cache_append(f, &w, st, pos0, x, T);
     double t0 = df_now();
-    for (int h = 0; h < H; h++) mla_head(f, &w, st, pos0, q, T, h, o);
+    mla_job job = {f, &w, st, pos0, q, T, o};
+    kern_parallel_for(f->m->kern, (int)H, mla_head_task, &job);
     model_clock(&f->m->prof.attention, t0);
     if (w.g) {
         float *g = xmalloc((size_t)T * Ov * sizeof(float));
