@@ -4,6 +4,9 @@
 //   node tok_ref.js export cl100k_base|o200k_base OUT       write the ranks as `base64 rank` lines
 //   node tok_ref.js ids VOCAB PATTERN CORPUS.jsonl [--special]   one JSON id array per corpus line
 //   node tok_ref.js bench VOCAB PATTERN TEXTFILE            encode speed in MB/s
+//   node tok_ref.js crosscheck DIR                          js-tiktoken (pure JS, V8 regexes) against the
+//        expected ids in DIR/expected (tests/tokenizer): a second, independent implementation. It differs
+//        from tiktoken where JavaScript's `\s` differs from Unicode White_Space (U+0085, U+FEFF).
 // VOCAB: cl100k_base | o200k_base.  PATTERN: kimi | cl100k | o200k (the Kimi one uses `&&` class
 // intersection, which tiktoken's fancy-regex supports natively, so it is a true reference for ours).
 "use strict";
@@ -78,10 +81,25 @@ function bench(vname, pname, file) {
   enc.free();
 }
 
+function crosscheck(dir) {
+  const { Tiktoken: JsTiktoken } = require("js-tiktoken/lite");
+  for (const [vname, pname] of [["cl100k_base", "cl100k"], ["o200k_base", "o200k"]]) {
+    const enc = new JsTiktoken(require(`js-tiktoken/ranks/${vname}`));
+    for (const corpus of ["hard_strings", "fuzz_strings"]) {
+      const texts = fs.readFileSync(`${dir}/${corpus}.jsonl`, "utf8").split("\n").filter(Boolean).map((l) => JSON.parse(l));
+      const want = fs.readFileSync(`${dir}/expected/${vname}-${pname}.${corpus}.jsonl`, "utf8").split("\n").filter(Boolean);
+      const bad = [];
+      texts.forEach((t, i) => { if (JSON.stringify(enc.encode(t, [], [])) !== want[i]) bad.push(i + 1); });
+      console.log(`${vname} ${corpus}: js-tiktoken differs from tiktoken on ${bad.length}/${texts.length} lines ${bad.length ? "(" + bad.join(",") + ")" : ""}`);
+    }
+  }
+}
+
 const [cmd, ...a] = process.argv.slice(2);
 if (cmd === "export") exportRanks(a[0], a[1]);
 else if (cmd === "ids") ids(a[0], a[1], a[2], a[3] === "--special");
 else if (cmd === "bench") bench(a[0], a[1], a[2]);
+else if (cmd === "crosscheck") crosscheck(a[0]);
 else {
   console.error("usage: tok_ref.js export VOCAB OUT | ids VOCAB PATTERN CORPUS [--special] | bench VOCAB PATTERN FILE");
   process.exit(2);
