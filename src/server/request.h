@@ -1,0 +1,64 @@
+/* request.h — parsing and validating an OpenAI request body (chat completions or completions) into a plain
+ * struct. A pure function of its input (no model, no I/O) so it can be fuzzed: anything unknown, of the wrong
+ * type or out of range is refused with an OpenAI-shaped error that names the field. */
+#ifndef DF_SRV_REQUEST_H
+#define DF_SRV_REQUEST_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "sample/sample.h"
+#include "sample/stop.h"
+
+typedef enum { SRV_EP_CHAT = 1, SRV_EP_COMPLETIONS = 2 } srv_endpoint;
+
+#define SRV_MAX_STOP 16
+#define SRV_MAX_STOP_LEN 256
+
+typedef struct srv_err {
+    int status;        /* HTTP status */
+    char type[40];     /* invalid_request_error, rate_limit_error, server_error, ... */
+    char code[48];     /* "" = null */
+    char param[160];   /* "" = null */
+    char msg[640];
+} srv_err;
+
+void srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt, ...)
+    __attribute__((format(printf, 6, 7)));
+/* {"error":{"message":…,"type":…,"param":…,"code":…}} */
+void srv_err_json(const srv_err *e, text_buf *out);
+
+typedef struct srv_message {
+    char *role;        /* system | developer | user | assistant */
+    char *content;
+    char *reasoning;   /* assistant reasoning_content, or NULL */
+} srv_message;
+
+typedef struct srv_limits {
+    const char *model_id;   /* a request's model must equal it when given */
+    int n_vocab;            /* token-array prompts must be below it */
+} srv_limits;
+
+typedef struct srv_request {
+    srv_endpoint ep;
+    srv_message *msgs;
+    int n_msgs;
+    char *prompt;            /* completions: text prompt (NULL when prompt_ids is used) */
+    size_t prompt_len;
+    int32_t *prompt_ids;
+    int n_prompt_ids;
+    int max_tokens;          /* 0 = not given */
+    int stream, include_usage;
+    sample_params sp;
+    int has_seed;
+    char **stop;
+    int n_stop;
+    int logprobs;            /* report log-probabilities (sp.n_top_logprobs alternatives) */
+    char *reasoning_effort;  /* chat: low | high | max | none; NULL = model default */
+} srv_request;
+
+/* Returns 0 and fills out, or -1 and fills err (out is then empty). */
+int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_limits *lim, srv_request *out,
+                      srv_err *err);
+void srv_request_free(srv_request *r);
+
+#endif

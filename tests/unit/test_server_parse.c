@@ -1,0 +1,105 @@
+/* test_server_parse.c — OpenAI request validation: accepted shapes, and refusals that name the field. */
+#include <string.h>
+#include "test.h"
+#include "server/request.h"
+
+static const srv_limits lim = {"tiny", 512};
+
+static int parse(const char *body, srv_endpoint ep, srv_request *r, srv_err *e) {
+    memset(e, 0, sizeof *e);
+    return srv_request_parse(body, strlen(body), ep, &lim, r, e);
+}
+
+/* Expects a refusal with the given status and param. */
+static void refused(const char *body, srv_endpoint ep, int status, const char *param, const char *what) {
+    srv_request r;
+    srv_err e;
+    int rc = parse(body, ep, &r, &e);
+    CHECK(rc == -1 && e.status == status && !strcmp(e.param, param), "%s → %d param '%s' (got %d '%s': %s)", what,
+          status, param, e.status, e.param, e.msg);
+}
+
+int main(void) {
+    srv_request r;
+    srv_err e;
+    int rc = parse("{\"model\":\"tiny\",\"messages\":[{\"role\":\"system\",\"content\":\"be brief\"},"
+                   "{\"role\":\"user\",\"content\":[{\"type\":\"text\",\"text\":\"hel\"},{\"type\":\"text\","
+                   "\"text\":\"lo\"}]},{\"role\":\"assistant\",\"content\":null,\"reasoning_content\":\"hm\"}],"
+                   "\"max_completion_tokens\":7,\"stream\":true,\"stream_options\":{\"include_usage\":true},"
+                   "\"temperature\":0.5,\"top_p\":0.9,\"top_k\":40,\"min_p\":0.05,\"seed\":42,\"stop\":[\"a\",\"b\"],"
+                   "\"n\":1,\"presence_penalty\":0.1,\"frequency_penalty\":-0.2,\"logprobs\":true,"
+                   "\"top_logprobs\":3,\"user\":\"u\",\"reasoning_effort\":\"low\"}",
+                   SRV_EP_CHAT, &r, &e);
+    CHECK(rc == 0, "full chat request parses (%s)", e.msg);
+    if (!rc) {
+        CHECK(r.n_msgs == 3 && !strcmp(r.msgs[1].content, "hello") && !strcmp(r.msgs[2].content, "") &&
+                  !strcmp(r.msgs[2].reasoning, "hm"),
+              "messages: string, text parts joined, null content, reasoning");
+        CHECK(r.max_tokens == 7 && r.stream && r.include_usage && r.sp.temperature == 0.5f && r.sp.top_k == 40 &&
+                  r.has_seed && r.sp.seed == 42 && r.n_stop == 2 && r.logprobs && r.sp.n_top_logprobs == 3 &&
+                  !strcmp(r.reasoning_effort, "low"),
+              "chat fields land in the struct");
+        srv_request_free(&r);
+    }
+    rc = parse("{\"prompt\":[1,2,3],\"max_tokens\":4,\"logprobs\":2,\"stop\":\"x\"}", SRV_EP_COMPLETIONS, &r, &e);
+    CHECK(rc == 0 && r.n_prompt_ids == 3 && r.prompt_ids[2] == 3 && r.logprobs && r.sp.n_top_logprobs == 2 &&
+              r.n_stop == 1,
+          "completion with a token-array prompt");
+    srv_request_free(&r);
+    rc = parse("{\"prompt\":[\"once upon\"],\"temperature\":0}", SRV_EP_COMPLETIONS, &r, &e);
+    CHECK(rc == 0 && r.prompt && !strcmp(r.prompt, "once upon") && r.sp.temperature == 0 && !r.max_tokens,
+          "completion with a one-string list, temperature 0");
+    srv_request_free(&r);
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"seed\":null,\"stop\":null,\"n\":null}",
+               SRV_EP_CHAT, &r, &e);
+    CHECK(rc == 0 && !r.has_seed && r.sp.temperature == 1.0f && r.sp.top_p == 1.0f, "nulls mean defaults");
+    srv_request_free(&r);
+
+    refused("{", SRV_EP_CHAT, 400, "", "malformed JSON");
+    refused("[1]", SRV_EP_CHAT, 400, "", "non-object body");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[]}", SRV_EP_CHAT, 400, "tools",
+            "unknown field");
+    refused("{\"messages\":[]}", SRV_EP_CHAT, 400, "messages", "empty messages");
+    refused("{\"model\":\"tiny\"}", SRV_EP_CHAT, 400, "messages", "missing messages");
+    refused("{\"prompt\":\"x\",\"model\":\"gpt-4\"}", SRV_EP_COMPLETIONS, 404, "model", "wrong model");
+    refused("{\"messages\":\"hi\"}", SRV_EP_CHAT, 400, "messages", "messages of the wrong type");
+    refused("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", SRV_EP_CHAT, 400, "messages[0].role",
+            "tool role");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
+            SRV_EP_CHAT, 400, "messages[0].content[0].image_url", "image part");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", SRV_EP_CHAT, 400,
+            "messages[0].content[0].type", "image part type");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\",\"tool_calls\":[]}]}", SRV_EP_CHAT, 400,
+            "messages[0].tool_calls", "tool calls");
+    refused("{\"prompt\":\"x\",\"temperature\":3}", SRV_EP_COMPLETIONS, 400, "temperature", "temperature range");
+    refused("{\"prompt\":\"x\",\"temperature\":\"hot\"}", SRV_EP_COMPLETIONS, 400, "temperature", "temperature type");
+    refused("{\"prompt\":\"x\",\"n\":2}", SRV_EP_COMPLETIONS, 400, "n", "n = 2");
+    refused("{\"prompt\":\"x\",\"max_tokens\":0}", SRV_EP_COMPLETIONS, 400, "max_tokens", "max_tokens 0");
+    refused("{\"prompt\":\"x\",\"max_tokens\":1.5}", SRV_EP_COMPLETIONS, 400, "max_tokens", "fractional max_tokens");
+    refused("{\"prompt\":[1,512]}", SRV_EP_COMPLETIONS, 400, "prompt[1]", "token id outside the vocabulary");
+    refused("{\"prompt\":[\"a\",\"b\"]}", SRV_EP_COMPLETIONS, 400, "prompt", "two prompts");
+    refused("{\"prompt\":\"x\",\"stream_options\":{\"include_usage\":true}}", SRV_EP_COMPLETIONS, 400,
+            "stream_options", "stream_options without stream");
+    refused("{\"prompt\":\"x\",\"stream\":true,\"stream_options\":{\"foo\":1}}", SRV_EP_COMPLETIONS, 400,
+            "stream_options.foo", "unknown stream option");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"top_logprobs\":2}", SRV_EP_CHAT, 400,
+            "top_logprobs", "top_logprobs without logprobs");
+    refused("{\"prompt\":\"x\",\"logprobs\":true}", SRV_EP_COMPLETIONS, 400, "logprobs",
+            "completions logprobs must be an integer");
+    refused("{\"prompt\":\"x\",\"stop\":[1]}", SRV_EP_COMPLETIONS, 400, "stop[0]", "non-string stop");
+    refused("{\"prompt\":\"x\",\"echo\":true}", SRV_EP_COMPLETIONS, 400, "echo", "echo is refused");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"reasoning_effort\":\"extreme\"}", SRV_EP_CHAT,
+            400, "reasoning_effort", "bad reasoning effort");
+    refused("{\"prompt\":\"x\",\"prompt\":\"y\"}", SRV_EP_COMPLETIONS, 400, "", "duplicate keys");
+    const char bad_utf8[] = "{\"prompt\":\"\xff\xfe\"}";
+    refused(bad_utf8, SRV_EP_COMPLETIONS, 400, "", "invalid UTF-8");
+    refused("{\"prompt\":\"a\\u0000b\"}", SRV_EP_COMPLETIONS, 400, "", "embedded NUL");
+
+    text_buf b = {0};
+    srv_err_set(&e, 400, "invalid_request_error", "unknown_parameter", "tools", "Unrecognized: %s", "tools");
+    srv_err_json(&e, &b);
+    CHECK(strstr(b.p, "\"param\":\"tools\"") && strstr(b.p, "\"type\":\"invalid_request_error\""),
+          "error JSON is OpenAI-shaped: %s", b.p);
+    text_buf_free(&b);
+    TEST_EXIT();
+}
