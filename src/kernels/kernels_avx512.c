@@ -21,7 +21,7 @@ typedef struct {
 } wrow;
 
 /* Weight columns [c, c+32) as two fp32 vectors, in the order of the (packed, for MXFP4) activations. */
-AI void load32(const int dt, const wrow *w, int64_t c, __m512 tbl, __m512 *w0, __m512 *w1) {
+AI void load32(const int dt, const wrow *w, int64_t c, __m512 tbl, float sc, __m512 *w0, __m512 *w1) {
     switch (dt) {
     case DF_DT_F32:
         *w0 = _mm512_loadu_ps(w->d + c * 4);
@@ -41,14 +41,21 @@ AI void load32(const int dt, const wrow *w, int64_t c, __m512 tbl, __m512 *w0, _
         *w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c))));
         *w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c + 16))));
         break;
-    default: {   /* MXFP4 */
+    default: {   /* MXFP4: sc holds 2^(s-127) of this block */
         __m512i idx = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i *)(w->d + c / 2)));
-        __m512 t = _mm512_mul_ps(tbl, _mm512_castsi512_ps(_mm512_set1_epi32((int)kern_e8m0_bits(w->s[c / 32]))));
+        __m512 t = _mm512_mul_ps(tbl, _mm512_set1_ps(sc));
         *w0 = _mm512_permutexvar_ps(idx, t);
         *w1 = _mm512_permutexvar_ps(_mm512_srli_epi32(idx, 4), t);
         break;
     }
     }
+}
+
+/* 2^(s-127) for the (up to 16) E8M0 bytes of blocks [b, b+nb) of a row; s = 0 gives the subnormal 2^-127. */
+AI void e8m0_16(const uint8_t *s, int nb, float *out) {
+    __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8((__mmask16)((1u << nb) - 1), s));
+    v = _mm512_max_epu32(_mm512_slli_epi32(v, 23), _mm512_set1_epi32(0x00400000));
+    _mm512_storeu_ps(out, _mm512_castsi512_ps(v));
 }
 
 /* Weight columns [c, c+16) masked to the m valid ones (not MXFP4, whose rows are whole blocks). */
@@ -72,17 +79,25 @@ AI void tile(const int dt, const int nw, const int na, const wrow *w, const floa
         for (int i = 0; i < na; i++) acc[j][i] = _mm512_setzero_ps();
     const __m512 tbl = _mm512_loadu_ps(df_e2m1_values);
     int64_t c = 0;
-    for (; c + 32 <= cols; c += 32) {
-        __m512 wv[4][2];
+    /* Columns in spans of 16 blocks, whose MXFP4 scales are expanded to fp32 once per span. */
+    for (int64_t span = 0; span + 32 <= cols; span += 512) {
+        int nb = (int)((cols - span) / 32 < 16 ? (cols - span) / 32 : 16);
+        float sc[4][16];
+        if (dt == DF_DT_MXFP4)
 #pragma GCC unroll 4
-        for (int j = 0; j < nw; j++) load32(dt, &w[j], c, tbl, &wv[j][0], &wv[j][1]);
+            for (int j = 0; j < nw; j++) e8m0_16(w[j].s + span / 32, nb, sc[j]);
+        for (int b = 0; b < nb; b++, c += 32) {
+            __m512 wv[4][2];
 #pragma GCC unroll 4
-        for (int i = 0; i < na; i++) {
-            __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
+            for (int j = 0; j < nw; j++) load32(dt, &w[j], c, tbl, dt == DF_DT_MXFP4 ? sc[j][b] : 0.0f, &wv[j][0], &wv[j][1]);
 #pragma GCC unroll 4
-            for (int j = 0; j < nw; j++) {
-                acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
-                acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
+            for (int i = 0; i < na; i++) {
+                __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
+#pragma GCC unroll 4
+                for (int j = 0; j < nw; j++) {
+                    acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
+                    acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
+                }
             }
         }
     }

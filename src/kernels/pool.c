@@ -1,6 +1,12 @@
-/* pool.c — the kernels' thread pool: n-1 pthread workers started once, woken per call, tasks handed out by an
- * atomic counter; the calling thread works too. Workers spin briefly before sleeping on a condition variable,
- * because decode issues thousands of small matmuls per token and a futex wake per call would dominate them. */
+/* pool.c — the kernels' thread pool: n-1 pthread workers started once, woken per job; the calling thread
+ * works too.
+ *
+ * A job is published as one 64-bit ticket (job number, task count, next task), and a task is claimed by a
+ * compare-and-swap on it, so a worker only ever runs tasks of the job whose ticket it claimed from, and the
+ * caller waits for tasks to be finished, not for workers to check in: a worker that is asleep or descheduled
+ * (an oversubscribed machine) costs nothing when the others take its share. Workers spin briefly before
+ * sleeping because decode issues thousands of small matmuls per token and a futex wake-up per call would
+ * dominate them. */
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
@@ -16,11 +22,16 @@
 #define cpu_relax() ((void)0)
 #endif
 
-enum { POOL_SPIN = 20000 };   /* ~50-100 µs of pause before a worker sleeps */
+enum { POOL_SPIN = 20000 };   /* pause loops before sleeping: well under a millisecond */
+
+/* ticket = job (16 bits) | n_tasks (24 bits) | next (24 bits) */
+#define TICKET_JOB(t) ((uint32_t)((t) >> 48))
+#define TICKET_N(t) ((uint32_t)((t) >> 24) & 0xffffffu)
+#define TICKET_NEXT(t) ((uint32_t)(t) & 0xffffffu)
 
 typedef struct {
     df_pool *pool;
-    int index;                /* thread index: the caller is 0, workers 1..n-1 */
+    int index;   /* thread index: the caller is 0, workers 1..n-1 */
 } pool_worker;
 
 struct df_pool {
@@ -29,43 +40,51 @@ struct df_pool {
     pool_worker *workers;
     pthread_mutex_t mu;
     pthread_cond_t cv_start, cv_done;
-    atomic_uint_fast64_t gen;  /* bumped (under mu) to start a job */
-    atomic_int busy;           /* a job is in flight: nested calls run inline */
-    atomic_int next;           /* next task index to hand out */
-    atomic_int active;         /* workers still in the current job */
-    int stop;
-    int n_tasks;
+    _Atomic uint64_t ticket;
+    atomic_int done;       /* tasks of the current job finished */
+    atomic_int busy;       /* a job is in flight: nested calls run inline */
+    atomic_int sleepers;   /* workers asleep on cv_start */
+    atomic_int waiting;    /* the caller is asleep on cv_done */
+    atomic_int stop;
+    uint32_t job;          /* caller-side job counter */
     void (*fn)(void *ctx, int task, int thread);
     void *ctx;
 };
 
-static void pool_work(df_pool *p, int thread) {
-    int t;
-    while ((t = atomic_fetch_add_explicit(&p->next, 1, memory_order_relaxed)) < p->n_tasks)
-        p->fn(p->ctx, t, thread);
+/* Claims and runs tasks of the current job until none are left; returns the job number it saw last. */
+static uint32_t pool_work(df_pool *p, int thread) {
+    uint64_t t = atomic_load(&p->ticket);
+    for (;;) {
+        if (TICKET_NEXT(t) >= TICKET_N(t)) return TICKET_JOB(t);
+        if (!atomic_compare_exchange_weak(&p->ticket, &t, t + 1)) continue;
+        int n = (int)TICKET_N(t);
+        p->fn(p->ctx, (int)TICKET_NEXT(t), thread);
+        if (atomic_fetch_add(&p->done, 1) + 1 == n && atomic_load(&p->waiting)) {
+            pthread_mutex_lock(&p->mu);
+            pthread_cond_signal(&p->cv_done);
+            pthread_mutex_unlock(&p->mu);
+        }
+        t = atomic_load(&p->ticket);
+    }
 }
 
 static void *pool_main(void *arg) {
     pool_worker *w = arg;
     df_pool *p = w->pool;
-    uint64_t seen = 0;
+    uint32_t seen = 0;
     for (;;) {
-        for (int i = 0; i < POOL_SPIN && atomic_load_explicit(&p->gen, memory_order_acquire) == seen; i++)
+        for (int i = 0; i < POOL_SPIN && TICKET_JOB(atomic_load_explicit(&p->ticket, memory_order_relaxed)) == seen; i++)
             cpu_relax();
-        if (atomic_load_explicit(&p->gen, memory_order_acquire) == seen) {
+        if (TICKET_JOB(atomic_load(&p->ticket)) == seen) {
             pthread_mutex_lock(&p->mu);
-            while (atomic_load_explicit(&p->gen, memory_order_acquire) == seen)
+            atomic_fetch_add(&p->sleepers, 1);
+            while (TICKET_JOB(atomic_load(&p->ticket)) == seen && !atomic_load(&p->stop))
                 pthread_cond_wait(&p->cv_start, &p->mu);
+            atomic_fetch_sub(&p->sleepers, 1);
             pthread_mutex_unlock(&p->mu);
         }
-        seen = atomic_load_explicit(&p->gen, memory_order_acquire);
-        if (p->stop) return NULL;
-        pool_work(p, w->index);
-        if (atomic_fetch_sub_explicit(&p->active, 1, memory_order_acq_rel) == 1) {
-            pthread_mutex_lock(&p->mu);
-            pthread_cond_signal(&p->cv_done);
-            pthread_mutex_unlock(&p->mu);
-        }
+        if (atomic_load(&p->stop)) return NULL;
+        seen = pool_work(p, w->index);
     }
 }
 
@@ -75,10 +94,12 @@ df_pool *pool_new(int n_threads) {
     pthread_mutex_init(&p->mu, NULL);
     pthread_cond_init(&p->cv_start, NULL);
     pthread_cond_init(&p->cv_done, NULL);
-    atomic_init(&p->gen, 0);
+    atomic_init(&p->ticket, 0);
+    atomic_init(&p->done, 0);
     atomic_init(&p->busy, 0);
-    atomic_init(&p->next, 0);
-    atomic_init(&p->active, 0);
+    atomic_init(&p->sleepers, 0);
+    atomic_init(&p->waiting, 0);
+    atomic_init(&p->stop, 0);
     int nw = p->n_threads - 1;
     p->threads = xcalloc(nw > 0 ? nw : 1, sizeof *p->threads);
     p->workers = xcalloc(nw > 0 ? nw : 1, sizeof *p->workers);
@@ -93,8 +114,8 @@ df_pool *pool_new(int n_threads) {
 void pool_free(df_pool *p) {
     if (!p) return;
     pthread_mutex_lock(&p->mu);
-    p->stop = 1;
-    atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
+    atomic_store(&p->stop, 1);
+    atomic_store(&p->ticket, (uint64_t)((p->job + 1) & 0xffff) << 48);   /* wakes the spinners */
     pthread_cond_broadcast(&p->cv_start);
     pthread_mutex_unlock(&p->mu);
     for (int i = 0; i < p->n_threads - 1; i++) pthread_join(p->threads[i], NULL);
@@ -107,28 +128,28 @@ void pool_free(df_pool *p) {
 }
 
 int pool_run(df_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx) {
-    if (atomic_exchange_explicit(&p->busy, 1, memory_order_acquire)) return -1;
-    int nw = p->n_threads - 1;
+    DF_ASSERT(n_tasks >= 0 && n_tasks < (1 << 24));
+    if (atomic_exchange(&p->busy, 1)) return -1;
     p->fn = fn;
     p->ctx = ctx;
-    p->n_tasks = n_tasks;
-    atomic_store_explicit(&p->next, 0, memory_order_relaxed);
-    atomic_store_explicit(&p->active, nw, memory_order_relaxed);
-    if (nw > 0) {
+    p->job = (p->job + 1) & 0xffff;
+    atomic_store(&p->done, 0);
+    atomic_store(&p->ticket, (uint64_t)p->job << 48 | (uint64_t)n_tasks << 24);
+    if (atomic_load(&p->sleepers) > 0) {
         pthread_mutex_lock(&p->mu);
-        atomic_fetch_add_explicit(&p->gen, 1, memory_order_release);
         pthread_cond_broadcast(&p->cv_start);
         pthread_mutex_unlock(&p->mu);
     }
     pool_work(p, 0);
-    for (int i = 0; i < POOL_SPIN && atomic_load_explicit(&p->active, memory_order_acquire) > 0; i++)
+    for (int i = 0; i < POOL_SPIN && atomic_load_explicit(&p->done, memory_order_acquire) < n_tasks; i++)
         cpu_relax();
-    if (atomic_load_explicit(&p->active, memory_order_acquire) > 0) {
+    if (atomic_load(&p->done) < n_tasks) {
         pthread_mutex_lock(&p->mu);
-        while (atomic_load_explicit(&p->active, memory_order_acquire) > 0)
-            pthread_cond_wait(&p->cv_done, &p->mu);
+        atomic_store(&p->waiting, 1);
+        while (atomic_load(&p->done) < n_tasks) pthread_cond_wait(&p->cv_done, &p->mu);
+        atomic_store(&p->waiting, 0);
         pthread_mutex_unlock(&p->mu);
     }
-    atomic_store_explicit(&p->busy, 0, memory_order_release);
+    atomic_store(&p->busy, 0);
     return 0;
 }
