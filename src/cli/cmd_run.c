@@ -1,89 +1,142 @@
-/* cmd_run.c — `deltafin run -m DIR --tokens 1,2,3 -n N`: greedy continuation of a token-id prompt, printed
- * as ids as they are generated, then the speed. */
+/* cmd_run.c — `deltafin run`: a continuation of a text prompt streamed as it is generated (or, with
+ * --tokens, of a token-id prompt printed as ids), then the speed. --chat wraps the prompt as one user turn
+ * of the model's chat format and prints the reasoning part apart from the answer. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "cli_gen.h"
 #include "common/util.h"
 
-static int parse_ids(const char *s, int32_t **out, int *n) {
-    int cap = 16;
-    *out = xmalloc(cap * sizeof(int32_t));
-    *n = 0;
+typedef struct {
+    cli_model *m;
+    int ids_only, profile, reasoning_open, n_tok;
+    df_profile prof;
+} run_out;
+
+static int run_event(void *ctx, const gen_event *ev) {
+    run_out *o = ctx;
+    static const char dim[] = "\033[2m", plain[] = "\033[0m";
+    if (o->ids_only) {
+        printf("%s%d", o->n_tok ? "," : "", ev->id);
+    } else {
+        if (ev->reasoning_len) {
+            if (!o->reasoning_open) fputs(dim, stdout);
+            o->reasoning_open = 1;
+            fwrite(ev->reasoning, 1, ev->reasoning_len, stdout);
+        }
+        if (ev->content_len) {
+            if (o->reasoning_open) fputs(plain, stdout), fputs("\n", stdout);
+            o->reasoning_open = 0;
+            fwrite(ev->content, 1, ev->content_len, stdout);
+        }
+    }
+    fflush(stdout);
+    if (o->profile) cli_profile_line(o->m, o->n_tok, &o->prof);
+    o->n_tok++;
+    return cli_sigint_pending();
+}
+
+static int parse_ids(const char *s, tok_ids *out) {
     while (*s) {
         char *end;
         long v = strtol(s, &end, 10);
         if (end == s || v < 0 || v > INT32_MAX) return -1;
-        if (*n == cap) *out = xrealloc(*out, (cap *= 2) * sizeof(int32_t));
-        (*out)[(*n)++] = (int32_t)v;
+        tok_ids_push(out, (int32_t)v);
         s = end;
         if (*s == ',') s++;
         else if (*s) return -1;
     }
-    return *n ? 0 : -1;
+    return out->n ? 0 : -1;
 }
 
-static int argmax(const float *v, int n) {
-    int b = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[b]) b = i;
-    return b;
+static void usage(FILE *f) {
+    fprintf(f, "usage: deltafin run [-m DIR] (-p TEXT | --tokens 1,2,3) [options]\n"
+               "  -p, --prompt TEXT   text prompt (raw completion; with --chat, one user message)\n"
+               "  --tokens IDS        token-id prompt; the continuation is printed as ids\n"
+               "  --chat              use the model's chat format and show its reasoning apart\n%s",
+            cli_gen_usage());
+}
+
+/* Builds the prompt ids: text encoded raw, a chat turn, or the ids given. */
+static int run_prompt(cli_model *m, const char *text, const char *ids, int chat, tok_ids *out, df_error *err) {
+    if (ids) {
+        if (parse_ids(ids, out)) {
+            df_error_set(err, DF_EINVAL, "--tokens needs a comma-separated list of token ids");
+            return DF_EINVAL;
+        }
+        return DF_OK;
+    }
+    if (!chat) return tokenizer_encode(m->tok, text, strlen(text), 0, out, err);
+    if (!m->fmt) {
+        df_error_set(err, DF_EINVAL, "--chat: this model folder has no chat format (its tokenizer lacks the "
+                     "K3 or K2 chat tokens)");
+        return DF_EINVAL;
+    }
+    chat_message msg = {"user", text, NULL};
+    chat_opts co;
+    chat_opts_default(&co);
+    co.thinking = m->fmt == CHAT_K3;
+    return chat_render(m->tok, m->fmt, &msg, 1, &co, out, err);
 }
 
 int cmd_run(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"tokens", 1, 0, 'k'}, {"threads", 1, 0, 't'},
-                                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
-    df_engine_opts opts;
-    df_engine_opts_default(&opts);
-    const char *tokens = NULL;
-    int n_gen = 16, c;
-    while ((c = getopt_long(argc, argv, "m:k:n:t:h", longopts, NULL)) != -1) {
-        switch (c) {
-        case 'm': opts.model_dir = optarg; break;
-        case 'k': tokens = optarg; break;
-        case 'n': n_gen = atoi(optarg); break;
-        case 't': opts.n_threads = atoi(optarg); break;
-        default:
-            fprintf(stderr, "usage: deltafin run -m DIR --tokens 1,2,3 [-n N] [--threads N]\n");
-            return c == 'h' ? 0 : 2;
+    struct option longopts[CLI_GEN_N_LONGOPTS + 5];
+    memcpy(longopts, cli_gen_longopts, sizeof cli_gen_longopts);
+    struct option extra[] = {{"prompt", 1, 0, 'p'}, {"tokens", 1, 0, 2001}, {"chat", 0, 0, 2002},
+                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    memcpy(longopts + CLI_GEN_N_LONGOPTS, extra, sizeof extra);
+    cli_gen_opts go;
+    cli_gen_opts_default(&go);
+    const char *text = NULL, *ids = NULL;
+    int chat = 0, c;
+    while ((c = getopt_long(argc, argv, "m:n:t:p:h", longopts, NULL)) != -1) {
+        int r = cli_gen_parse(&go, c, optarg);
+        if (r > 0) continue;
+        if (c == 'p') text = optarg;
+        else if (c == 2001) ids = optarg;
+        else if (c == 2002) chat = 1;
+        else if (c == 'h') return usage(stdout), 0;
+        else {
+            if (r < 0) fprintf(stderr, "deltafin run: bad value for %s\n", argv[optind - 1]);
+            usage(stderr);
+            return 2;
         }
     }
-    if (!opts.model_dir) opts.model_dir = cli_default_model();
-    int32_t *ids = NULL;
-    int n = 0;
-    if (!tokens || parse_ids(tokens, &ids, &n)) {
-        fprintf(stderr, "deltafin run: --tokens needs a comma-separated list of token ids\n");
-        free(ids);
+    if (!text == !ids) {
+        usage(stderr);
         return 2;
     }
+    cli_sigint_block();
     df_error err = {0};
-    df_engine *eng = NULL;
-    df_session *s = NULL;
-    int rc = df_engine_open(&eng, &opts, &err);
-    if (!rc) rc = df_session_init(&s, eng, &err);
-    float *logits = rc ? NULL : xmalloc((size_t)df_engine_info(eng)->vocab_size * sizeof(float));
+    cli_model m;
+    tok_ids prompt = {0};
+    gen_result res = {0};
+    int rc = cli_model_open(&m, &go, !ids, &err);
+    if (!rc) rc = run_prompt(&m, text, ids, chat, &prompt, &err);
     double t0 = df_now(), t1 = t0;
-    int made = 0;
-    if (!rc) rc = df_session_eval(s, ids, n, logits, 0, &err);
-    if (!rc) t1 = df_now();
-    while (!rc && made < n_gen) {
-        int32_t next = argmax(logits, df_engine_info(eng)->vocab_size);
-        printf("%s%d", made ? "," : "", next);
-        fflush(stdout);
-        if (++made < n_gen) rc = df_session_eval(s, &next, 1, logits, 0, &err);
+    run_out out = {.m = &m, .ids_only = ids != NULL, .profile = go.profile};
+    if (!rc) df_engine_profile(m.eng, &out.prof);   /* token 0's profile line then covers the prefill */
+    if (!rc) rc = cli_prefill(&m, prompt.v, (int)prompt.n, &err);
+    if (!rc) {
+        t1 = df_now();
+        gen_config gc = {.tok = ids ? NULL : m.tok, .chat = chat, .fmt = m.fmt, .in_reasoning = chat && m.fmt == CHAT_K3,
+                         .max_tokens = go.max_tokens, .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
+        rc = gen_run(m.s, &gc, m.logits, m.n_vocab, run_event, &out, &res, &err);
+        if (rc == DF_ECANCELLED) rc = DF_OK;
     }
-    if (made) printf("\n");
+    if (out.reasoning_open) fputs("\033[0m", stdout);
+    if (res.ids.n) fputs("\n", stdout);
     if (rc) {
         fprintf(stderr, "deltafin run: %s\n", err.msg);
     } else {
-        double t2 = df_now();
-        fprintf(stderr, "prefill %d tokens in %.3f s; %d tokens generated, %.2f tokens/s\n", n, t1 - t0, made,
-                made > 1 ? (made - 1) / (t2 - t1) : 0.0);
+        fprintf(stderr, "prefill %zu tokens in %.2f s (%.1f tokens/s); generated %zu tokens in %.2f s (%.2f tokens/s)\n",
+                prompt.n, t1 - t0, prompt.n / (t1 - t0 + 1e-9), res.ids.n, res.decode_s,
+                res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
     }
-    free(logits);
-    free(ids);
-    df_session_free(s);
-    df_engine_free(eng);
+    tok_ids_free(&res.ids);
+    tok_ids_free(&prompt);
+    cli_model_close(&m);
     return rc ? 1 : 0;
 }

@@ -1,0 +1,146 @@
+/* cli_gen.c — shared plumbing of the text commands (see cli_gen.h). */
+#include <getopt.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+#include "cli.h"
+#include "cli_gen.h"
+#include "common/util.h"
+
+const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
+    {"model", 1, 0, 'm'}, {"threads", 1, 0, 't'}, {"temp", 1, 0, 1001}, {"top-p", 1, 0, 1002},
+    {"top-k", 1, 0, 1003}, {"seed", 1, 0, 1004}, {"min-p", 1, 0, 1005}, {"profile", 0, 0, 1006},
+    {"max-tokens", 1, 0, 'n'}, {0, 0, 0, 0}};
+
+const char *cli_gen_usage(void) {
+    return "  -m, --model DIR     model folder (default: $DELTAFIN_MODEL or models/default)\n"
+           "  -n, --max-tokens N  tokens to generate (default 128)\n"
+           "  -t, --threads N     compute threads (default: all cores)\n"
+           "  --temp T            temperature, 0 = greedy (default 0)\n"
+           "  --top-p P --top-k K --min-p P   sampling filters (default off)\n"
+           "  --seed S            sampling seed (default 0)\n"
+           "  --profile           print the per-phase time of each token\n";
+}
+
+void cli_gen_opts_default(cli_gen_opts *o) {
+    memset(o, 0, sizeof *o);
+    df_engine_opts_default(&o->eng);
+    sample_params_default(&o->sp);
+    o->sp.temperature = 0.0f;
+    o->max_tokens = 128;
+}
+
+static int parse_float(const char *s, float lo, float hi, float *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || *end || !(v >= lo && v <= hi)) return -1;
+    *out = (float)v;
+    return 1;
+}
+
+static int parse_int(const char *s, long lo, long hi, long *out) {
+    char *end;
+    long v = strtol(s, &end, 10);
+    if (end == s || *end || v < lo || v > hi) return -1;
+    *out = v;
+    return 1;
+}
+
+int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
+    long v;
+    switch (opt) {
+    case 'm': o->eng.model_dir = arg; return 1;
+    case 't': return parse_int(arg, 1, 1024, &v) < 0 ? -1 : (o->eng.n_threads = (int)v, 1);
+    case 'n': return parse_int(arg, 1, 1 << 24, &v) < 0 ? -1 : (o->max_tokens = (int)v, 1);
+    case 1001: return parse_float(arg, 0.0f, 100.0f, &o->sp.temperature);
+    case 1002: return parse_float(arg, 0.0f, 1.0f, &o->sp.top_p);
+    case 1003: return parse_int(arg, 0, 1 << 24, &v) < 0 ? -1 : (o->sp.top_k = (int)v, 1);
+    case 1004: return parse_int(arg, 0, 0x7fffffffL, &v) < 0 ? -1 : (o->sp.seed = (uint64_t)v, 1);
+    case 1005: return parse_float(arg, 0.0f, 1.0f, &o->sp.min_p);
+    case 1006: o->profile = 1; return 1;
+    default: return 0;
+    }
+}
+
+int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_error *err) {
+    memset(m, 0, sizeof *m);
+    df_engine_opts eo = o->eng;
+    if (!eo.model_dir) eo.model_dir = cli_default_model();
+    int rc = df_engine_open(&m->eng, &eo, err);
+    if (!rc) rc = df_session_init(&m->s, m->eng, err);
+    if (rc) return rc;
+    m->n_vocab = df_engine_info(m->eng)->vocab_size;
+    m->logits = xmalloc((size_t)m->n_vocab * sizeof(float));
+    df_error terr = {0};
+    if (tokenizer_load_dir(&m->tok, eo.model_dir, &terr)) {
+        m->tok = NULL;
+        if (need_tokenizer) {
+            *err = terr;
+            return terr.code;
+        }
+    } else if (chat_detect_format(m->tok, &m->fmt, &terr)) {
+        m->fmt = 0;
+    }
+    return DF_OK;
+}
+
+void cli_model_close(cli_model *m) {
+    free(m->logits);
+    tokenizer_free(m->tok);
+    df_session_free(m->s);
+    df_engine_free(m->eng);
+    memset(m, 0, sizeof *m);
+}
+
+void cli_sigint_block(void) {
+    sigset_t set;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    pthread_sigmask(SIG_BLOCK, &set, NULL);
+}
+
+int cli_sigint_pending(void) {
+    sigset_t set, pend;
+    sigemptyset(&set);
+    sigaddset(&set, SIGINT);
+    if (sigpending(&pend) || !sigismember(&pend, SIGINT)) return 0;
+    struct timespec zero = {0, 0};
+    sigtimedwait(&set, NULL, &zero);
+    return 1;
+}
+
+typedef struct {
+    int show;
+    int n_tokens;
+    double t0;
+} prefill_progress;
+
+static int prefill_step(void *ctx, int layer, int n_layers) {
+    prefill_progress *p = ctx;
+    if (p->show)
+        fprintf(stderr, "\r\033[Kprefill %d tokens: layer %d/%d (%.1f s)", p->n_tokens, layer + 1, n_layers,
+                df_now() - p->t0);
+    return cli_sigint_pending();
+}
+
+int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err) {
+    prefill_progress p = {isatty(STDERR_FILENO) && n >= 64, n, df_now()};
+    df_session_set_step_callback(m->s, prefill_step, &p);
+    int rc = df_session_eval(m->s, ids, n, m->logits, 0, err);
+    df_session_set_step_callback(m->s, NULL, NULL);
+    if (p.show) fprintf(stderr, "\r\033[K");
+    return rc;
+}
+
+void cli_profile_line(cli_model *m, int index, df_profile *prev) {
+    df_profile now;
+    df_engine_profile(m->eng, &now);
+    fprintf(stderr, "[token %d] %.1f ms: spine read %.1f, expert read %.1f, attention %.1f, expert compute %.1f, "
+            "spine compute %.1f\n", index, (now.total - prev->total) * 1e3, (now.spine_read - prev->spine_read) * 1e3,
+            (now.expert_read - prev->expert_read) * 1e3, (now.attention - prev->attention) * 1e3,
+            (now.expert_compute - prev->expert_compute) * 1e3, (now.spine_compute - prev->spine_compute) * 1e3);
+    *prev = now;
+}

@@ -1,0 +1,51 @@
+/* cli_gen.h — what `run` and `chat` share: model + tokenizer loading, sampling flags, prefill progress on
+ * a TTY, per-token profile lines, and Ctrl-C handling that stops an answer without ending the program. */
+#ifndef DF_CLI_GEN_H
+#define DF_CLI_GEN_H
+
+#include <signal.h>
+#include "deltafin.h"
+#include "sample/generate.h"
+#include "tokenizer/tokenizer.h"
+
+typedef struct cli_model {
+    df_engine *eng;
+    df_session *s;
+    tokenizer *tok;          /* NULL when the folder has no tokenizer */
+    chat_format fmt;         /* 0 when no chat format was detected */
+    int n_vocab;
+    float *logits;           /* [n_vocab] */
+} cli_model;
+
+/* Common flags. Returns 1 if the option was one of these (consumed), 0 if not, -1 on a bad value. */
+typedef struct cli_gen_opts {
+    df_engine_opts eng;
+    sample_params sp;
+    int max_tokens;
+    int profile;
+} cli_gen_opts;
+
+void cli_gen_opts_default(cli_gen_opts *o);
+int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
+/* The getopt_long entries cli_gen_parse understands (short options: m: n: t:); terminated by a zero entry
+ * at index CLI_GEN_N_LONGOPTS. */
+#define CLI_GEN_N_LONGOPTS 9
+extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
+const char *cli_gen_usage(void);
+
+int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_error *err);
+void cli_model_close(cli_model *m);
+
+/* Evaluates prompt ids (the logits of the last land in m->logits), showing layer progress on stderr when
+ * it is a TTY and the prompt is long. Ctrl-C cancels (DF_ECANCELLED; the session is then reset). */
+int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err);
+
+/* Ctrl-C: SIGINT is blocked for the whole command and polled, so no handler or global flag is needed. */
+void cli_sigint_block(void);
+int cli_sigint_pending(void);     /* consumes a pending Ctrl-C; 1 if there was one */
+
+/* Prints one line per generated token: the phase times since the previous call, i.e. of the evaluation
+ * that produced this token's logits (the prefill for token 0). */
+void cli_profile_line(cli_model *m, int index, df_profile *prev);
+
+#endif
