@@ -1,0 +1,59 @@
+/* metrics.c — counters behind GET /metrics, written in the Prometheus text format. Engine counters are the
+ * worker's last snapshot, so reading them never races an evaluation. */
+#include <string.h>
+#include "server/srv_internal.h"
+
+void metrics_init(srv_metrics *m) {
+    memset(m, 0, sizeof *m);
+    pthread_mutex_init(&m->mu, NULL);
+}
+
+void metrics_free(srv_metrics *m) { pthread_mutex_destroy(&m->mu); }
+
+void metrics_count_status(srv_metrics *m, int status) {
+    pthread_mutex_lock(&m->mu);
+    int i = 0;
+    while (i < SRV_N_STATUS - 1 && m->status_code[i] && m->status_code[i] != status) i++;
+    m->status_code[i] = m->status_code[i] ? m->status_code[i] : status;
+    m->status_count[i]++;
+    pthread_mutex_unlock(&m->mu);
+}
+
+static void metric(text_buf *o, const char *name, const char *type, const char *help, double v) {
+    text_buf_printf(o, "# HELP %s %s\n# TYPE %s %s\n%s %.17g\n", name, help, name, type, name, v);
+}
+
+void metrics_text(srv *s, text_buf *o) {
+    pthread_mutex_lock(&s->mu);
+    int queued = s->n_queued, running = s->running != NULL;
+    pthread_mutex_unlock(&s->mu);
+    srv_metrics *m = &s->m;
+    pthread_mutex_lock(&m->mu);
+    text_buf_puts(o, "# HELP deltafin_requests_total HTTP requests answered, by status code.\n"
+                     "# TYPE deltafin_requests_total counter\n");
+    for (int i = 0; i < SRV_N_STATUS && m->status_code[i]; i++)
+        text_buf_printf(o, "deltafin_requests_total{status=\"%d\"} %llu\n", m->status_code[i],
+                        (unsigned long long)m->status_count[i]);
+    metric(o, "deltafin_requests_cancelled_total", "counter", "Generations stopped because the client went away.",
+           (double)m->cancelled);
+    metric(o, "deltafin_prompt_tokens_total", "counter", "Prompt tokens evaluated (prefill).",
+           (double)m->prompt_tokens);
+    metric(o, "deltafin_prompt_tokens_reused_total", "counter",
+           "Prompt tokens skipped because the previous conversation state was reused.",
+           (double)m->prompt_tokens_reused);
+    metric(o, "deltafin_generated_tokens_total", "counter", "Tokens generated.", (double)m->generated_tokens);
+    metric(o, "deltafin_prefill_seconds_total", "counter", "Time spent evaluating prompts.", m->prefill_s);
+    metric(o, "deltafin_decode_seconds_total", "counter", "Time spent generating tokens.", m->decode_s);
+    metric(o, "deltafin_seconds_per_token", "gauge", "Decode time per token of the last generation.",
+           m->last_s_per_token);
+    metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
+    metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
+           (double)m->engine.expert_misses);
+    metric(o, "deltafin_disk_read_bytes_total", "counter", "Weight bytes read from disk.",
+           (double)m->engine.disk_bytes);
+    metric(o, "deltafin_network_read_bytes_total", "counter", "Weight bytes read from the network.",
+           (double)m->engine.net_bytes);
+    pthread_mutex_unlock(&m->mu);
+    metric(o, "deltafin_queue_depth", "gauge", "Requests waiting for the generation worker.", queued);
+    metric(o, "deltafin_requests_running", "gauge", "Generations running (0 or 1).", running);
+}
