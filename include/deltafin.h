@@ -39,6 +39,12 @@ typedef struct df_engine_opts {
     int n_threads;            /* 0 = all online cores */
     int alog_per_channel;     /* K3 A_log read per key channel instead of per head (SPEC §8.1); off by default */
     const char *isa;          /* kernel ISA ("scalar", "avx2", "avx512", "neon"); NULL = best, or $DELTAFIN_ISA */
+    /* storage (issue 5): one memory budget for the resident spine, the expert cache and working buffers */
+    uint64_t mem_budget;      /* bytes; 0 = 3/4 of physical RAM or of the memory-cgroup limit if lower */
+    int expert_cache_slots;   /* > 0: exactly this many expert slots (tests, experiments); 0 = from the budget */
+    int spine_stream;         /* 1: stream every layer's spine through two buffers even when it would fit */
+    int buffered_io;          /* 1: buffered reads + POSIX_FADV_DONTNEED instead of O_DIRECT */
+    int io_threads;           /* I/O threads; 0 = 8 */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -78,6 +84,14 @@ typedef struct df_stats {
     uint64_t tokens_evaluated;
     uint64_t expert_hits, expert_misses;   /* expert cache */
     uint64_t disk_bytes, net_bytes;        /* bytes read for weights */
+    uint64_t expert_disk_bytes, spine_disk_bytes;   /* disk_bytes split by kind */
+    uint64_t expert_loads;                 /* expert reads issued */
+    uint64_t expert_requests;              /* experts asked for, per layer per batch (the union of a chunk) */
+    uint64_t mem_budget;                   /* the budget in force */
+    uint64_t cache_bytes, resident_spine_bytes, stream_buffer_bytes;   /* how it was split */
+    uint64_t expert_bytes;                 /* bytes of one routed expert (largest) */
+    int cache_slots, streamed_layers;      /* streamed_layers: spine re-read every pass (0: all resident) */
+    int direct_fallbacks;                  /* files read buffered because O_DIRECT was refused */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

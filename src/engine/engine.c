@@ -33,7 +33,9 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return DF_EINVAL;
     }
     df_engine *e = xcalloc(1, sizeof *e);
-    int rc = store_open(&e->store, opts->model_dir, err);
+    store_opts so = {opts->mem_budget, opts->expert_cache_slots, opts->spine_stream, opts->buffered_io,
+                     opts->io_threads};
+    int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
         return rc;
@@ -164,6 +166,23 @@ void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx) {
 void df_engine_stats(const df_engine *e, df_stats *out) {
     memset(out, 0, sizeof *out);
     out->tokens_evaluated = e->tokens_evaluated;
+    store_stats ss;
+    store_get_stats(e->store, &ss);
+    out->expert_hits = ss.expert_hits;
+    out->expert_misses = ss.expert_misses;
+    out->expert_disk_bytes = ss.expert_disk_bytes;
+    out->spine_disk_bytes = ss.spine_disk_bytes;
+    out->disk_bytes = ss.expert_disk_bytes + ss.spine_disk_bytes;
+    out->expert_loads = ss.expert_loads;
+    out->expert_requests = ss.expert_requests;
+    out->mem_budget = ss.mem_budget;
+    out->cache_bytes = ss.cache_bytes;
+    out->resident_spine_bytes = ss.resident_spine_bytes;
+    out->stream_buffer_bytes = ss.stream_buffer_bytes;
+    out->expert_bytes = ss.expert_slot_bytes;
+    out->cache_slots = ss.cache_slots;
+    out->streamed_layers = ss.streamed_layers;
+    out->direct_fallbacks = ss.direct_fallbacks;
 }
 
 void df_engine_profile(const df_engine *e, df_profile *out) {

@@ -1,8 +1,10 @@
 /* store.c — the storage seam over local files: a model folder (config.json plus model.safetensors or a
- * sharded index) mapped read-only. Owns name resolution (the K3 "language_model." prefix), the per-layer
- * tensor tables, the routed-expert table with MXFP4 pairing, the expert index and the `info` description.
- * Everything is validated at open except expert scale bytes, which are checked when an expert is first
- * acquired (checking 1.4 TB of scales at open would read the whole checkpoint). */
+ * sharded index). Owns name resolution (the K3 "language_model." prefix), the per-layer tensor tables, the
+ * routed-expert table with MXFP4 pairing, the expert index, the memory plan and the `info` description.
+ * Shards are mapped for their headers; the spine is served from the mapping when it fits the budget, else
+ * read into budgeted buffers (resident or streamed, spine.c). Routed experts are always read (O_DIRECT) into
+ * the slot cache (cache.c), and their scale bytes are checked on every read (checking 1.4 TB at open would
+ * read the whole checkpoint). */
 #include "store.h"
 
 #include <errno.h>
@@ -16,13 +18,19 @@
 #include <unistd.h>
 
 #include "../common/util.h"
+#include "budget.h"
+#include "cache.h"
 #include "expert_index.h"
+#include "io.h"
 #include "safetensors.h"
+#include "spine.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
 #define STORE_MAX_EXPERTS 65536
 #define STORE_MAX_PROBLEMS 24
+#define STORE_IO_THREADS 8
+#define STORE_MIN_SLOTS 24
 
 enum { KIND_WEIGHT, KIND_PACKED, KIND_SCALE, KIND_SHAPE, KIND_COUNT };
 static const char *const store_kind_names[KIND_COUNT] = {"weight", "weight_packed", "weight_scale", "weight_shape"};
@@ -47,13 +55,14 @@ struct df_store_layer {
     int n;
     store_item *items;   /* sorted by key */
     int bad;             /* index of an item with an unusable dtype/shape, or -1 */
+    int *region;         /* streamed/resident spine: item -> region of its spine unit */
 };
 
 typedef struct store_expert {
     store_ref part[3][KIND_COUNT];   /* [w1,w2,w3][kind]; t == NULL when absent */
     df_expert ex;
     store_expert_loc loc;
-    atomic_int checked;              /* scales verified free of 0xFF */
+    int one_read;                    /* contiguous and every part aligned to its element size */
 } store_expert;
 
 typedef struct store_dtype_stat {
@@ -86,6 +95,16 @@ struct df_store {
     int n_problems;
     void **copies;                   /* aligned copies of misaligned tensors */
     int n_copies;
+    /* reading and memory */
+    store_opts opts;
+    io_source *src_expert, *src_spine;
+    io_pool *pool;
+    ecache *cache;
+    spine *spine;                    /* NULL: spine served from the mappings */
+    int *global_region;              /* globals -> region of the top-level unit, -1 for mapped ones */
+    uint64_t slot_bytes, reserve_bytes;
+    int64_t n_experts_total;
+    atomic_uint_fast64_t expert_requests;
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -574,16 +593,237 @@ static int store_build_experts(df_store *st, df_error *err) {
 
 /* ---------------------------------------------------------------------------------------------------- */
 
-int store_open(df_store **out, const char *dir, df_error *err) {
+/* ---------------------------------------------------------------------------------------------------- */
+/* Reading experts into cache slots. */
+
+static uint64_t store_ref_offset(const df_store *st, store_ref r) { return st_tensor_offset(&st->shards[r.shard], r.t); }
+
+static void store_expert_plan_read(df_store *st, store_expert *x) {
+    x->one_read = x->loc.contiguous;
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < KIND_COUNT; k++) {
+            store_ref r = x->part[m][k];
+            if (r.t && r.t->elem_size > 1 && store_ref_offset(st, r) % (uint64_t)r.t->elem_size) x->one_read = 0;
+        }
+}
+
+/* Slot bytes expert x needs under the placement rule of io.h. */
+static uint64_t store_expert_slot_need(const df_store *st, const store_expert *x) {
+    if (x->one_read) return io_span_bytes(x->loc.offset, x->loc.length);
+    uint64_t n = 0;
+    for (int m = 0; m < 3; m++)
+        for (int k = 0; k < KIND_COUNT; k++) {
+            store_ref r = x->part[m][k];
+            if (r.t) n += io_span_bytes(store_ref_offset(st, r), r.t->end - r.t->begin) + IO_ALIGN;
+        }
+    return n;
+}
+
+/* E8M0 0xFF is NaN in the OCP MX spec: a checkpoint containing it is corrupt, not a weight to multiply. */
+static int store_expert_check_scales(const df_store *st, int layer, int e, const store_expert *x,
+                                     const uint8_t *const scale[3], df_error *err) {
+    for (int m = 0; m < 3; m++) {
+        store_ref r = x->part[m][KIND_SCALE];
+        if (!r.t) continue;
+        const uint8_t *hit = memchr(scale[m], 0xFF, r.t->end - r.t->begin);
+        if (!hit) continue;
+        int64_t off = hit - scale[m], cols = r.t->shape[1];
+        return df_error_set(err, DF_EFORMAT, "%s: expert %d of layer %d: tensor '%s': MXFP4 scale byte 0xFF (NaN) "
+                            "at row %lld, block %lld (corrupt shard?)", store_tensor_path(st, r), e, layer,
+                            r.t->name, (long long)(off / cols), (long long)(off % cols)), DF_EFORMAT;
+    }
+    return DF_OK;
+}
+
+static int store_expert_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df_error *err) {
+    df_store *st = ctx;
+    const store_expert *x = &st->experts[layer][e];
+    const uint8_t *ptr[3][KIND_COUNT] = {{0}};
+    char what[96];
+    snprintf(what, sizeof what, "expert %d of layer %d", e, layer);
+    io_source *src = st->src_expert;
+    if (x->one_read) {
+        int rc = src->read(src, x->loc.shard, x->loc.offset, x->loc.length, slot, what, err);
+        if (rc) return rc;
+        const uint8_t *base = slot + x->loc.offset % IO_ALIGN;
+        for (int m = 0; m < 3; m++)
+            for (int k = 0; k < KIND_COUNT; k++)
+                if (x->part[m][k].t) ptr[m][k] = base + (store_ref_offset(st, x->part[m][k]) - x->loc.offset);
+    } else {
+        uint64_t at = 0;
+        for (int m = 0; m < 3; m++)
+            for (int k = 0; k < KIND_COUNT; k++) {
+                store_ref r = x->part[m][k];
+                if (!r.t) continue;
+                uint64_t off = store_ref_offset(st, r), len = r.t->end - r.t->begin;
+                int rc = src->read(src, r.shard, off, len, slot + at, what, err);
+                if (rc) return rc;
+                uint8_t *got = slot + at + off % IO_ALIGN, *want = got;
+                uint64_t es = r.t->elem_size > 1 ? (uint64_t)r.t->elem_size : 1;
+                if ((uintptr_t)got % es) want = got + (es - (uintptr_t)got % es);
+                if (want != got) memmove(want, got, len);
+                ptr[m][k] = want;
+                at += io_span_bytes(off, len) + IO_ALIGN;
+            }
+    }
+    *view = x->ex;
+    df_tensor *w[3] = {&view->w1, &view->w2, &view->w3};
+    const uint8_t *scale[3] = {0};
+    for (int m = 0; m < 3; m++) {
+        if (ptr[m][KIND_WEIGHT]) {
+            w[m]->data = ptr[m][KIND_WEIGHT];
+            continue;
+        }
+        w[m]->data = ptr[m][KIND_PACKED];
+        w[m]->scale = scale[m] = ptr[m][KIND_SCALE];
+    }
+    return store_expert_check_scales(st, layer, e, x, scale, err);
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* The memory plan: working reserve, then the spine (mapped if it all fits, else top-level tensors and the
+ * biggest layers resident and the rest streamed through two buffers), then expert slots. */
+
+static int store_item_region(const store_item *items, const int *region, int i) {
+    for (int j = 0; j < i; j++)
+        if (items[j].ref.t == items[i].ref.t) return region[j];
+    return -1;
+}
+
+/* Builds the spine unit of a layer (or, with layer == n_layers, of the globals but the embedding). */
+static void store_unit_init(df_store *st, int layer, spine_unit *u) {
+    int n = layer < st->n_layers ? st->layers[layer].n : st->n_globals;
+    store_item *items = layer < st->n_layers ? st->layers[layer].items : st->globals;
+    int *region = xmalloc(sizeof *region * (size_t)(n + 1));
+    u->r = xcalloc((size_t)n + 1, sizeof *u->r);
+    for (int i = 0; i < n; i++) {
+        region[i] = -1;
+        if (layer == st->n_layers && !strcmp(items[i].key, "model.embed_tokens.weight")) continue;
+        region[i] = store_item_region(items, region, i);
+        if (region[i] >= 0) continue;
+        store_ref r = items[i].ref;
+        region[i] = u->n;
+        u->r[u->n++] = (spine_region){r.shard, store_ref_offset(st, r), r.t->end - r.t->begin, r.t->elem_size, 0};
+    }
+    if (layer < st->n_layers) {
+        snprintf(u->name, sizeof u->name, "layer %d", layer);
+        st->layers[layer].region = region;
+    } else {
+        snprintf(u->name, sizeof u->name, "the top-level tensors");
+        st->global_region = region;
+    }
+}
+
+static int store_cmp_size_desc(const void *a, const void *b) {
+    const uint64_t *x = a, *y = b;   /* pairs (bytes, layer) */
+    return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
+}
+
+/* Chooses resident layers (largest first) so that resident + two stream buffers fit avail. */
+static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail) {
+    int n = st->n_layers;
+    uint64_t (*by)[2] = xmalloc(sizeof *by * (size_t)(n + 1));
+    for (int l = 0; l < n; l++) by[l][0] = spine_unit_bytes(&u[l]), by[l][1] = (uint64_t)l;
+    qsort(by, (size_t)n, sizeof *by, store_cmp_size_desc);
+    uint64_t used = 0, skipped_max = 0;
+    for (int j = 0; j < n && !st->opts.spine_stream; j++) {
+        uint64_t rest = DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0);
+        if (used + by[j][0] + 2 * rest <= avail) {
+            used += by[j][0];
+            u[by[j][1]].resident = 1;
+        } else {
+            skipped_max = DF_MAX(skipped_max, by[j][0]);
+        }
+    }
+    free(by);
+}
+
+static void store_print_gib(char *buf, size_t cap, uint64_t n) { snprintf(buf, cap, "%.2f GiB", (double)n / (1ull << 30)); }
+
+static int store_plan(df_store *st, df_error *err) {
+    uint64_t budget = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes();
+    st->opts.mem_budget = budget;
+    st->reserve_bytes = DF_MIN(DF_MAX(budget / 16, 64ull << 20), 1ull << 30);
+    for (int l = 0; l < st->n_layers; l++)
+        for (int e = 0; e < st->n_experts[l]; e++) {
+            store_expert *x = &st->experts[l][e];
+            store_expert_plan_read(st, x);
+            st->slot_bytes = DF_MAX(st->slot_bytes, io_round_up(store_expert_slot_need(st, x), IO_ALIGN));
+            st->n_experts_total++;
+        }
+    uint64_t min_slots = (uint64_t)DF_MIN(st->n_experts_total, STORE_MIN_SLOTS);
+    if (st->opts.cache_slots > 0) min_slots = (uint64_t)st->opts.cache_slots;
+    uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
+    char b1[32], b2[32];
+    if (st->opts.spine_stream || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
+        spine_unit *u = xcalloc((size_t)st->n_layers + 1, sizeof *u);
+        for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
+        u[st->n_layers].resident = 1;
+        uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), big = 0;
+        for (int l = 0; l < st->n_layers; l++) big = DF_MAX(big, spine_unit_bytes(&u[l]));
+        if (fixed + 2 * big > budget) {
+            store_print_gib(b1, sizeof b1, budget);
+            store_print_gib(b2, sizeof b2, fixed + 2 * big);
+            for (int l = 0; l <= st->n_layers; l++) free(u[l].r);
+            free(u);
+            return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
+                                "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
+                                "largest layer and %llu expert slots)", st->dir, b1, b2,
+                                (unsigned long long)min_slots), DF_ENOMEM;
+        }
+        store_choose_resident(st, u, budget - fixed);
+        int rc = spine_new(&st->spine, st->src_spine, st->pool, st->n_layers + 1, u, err);
+        if (rc) return rc;
+        spine_used = spine_resident_bytes(st->spine) + spine_stream_bytes(st->spine);
+        uint8_t *gbase = NULL;
+        spine_acquire(st->spine, st->n_layers, &gbase, err);
+        for (int i = 0; i < st->n_globals; i++)
+            if (st->global_region[i] >= 0)
+                st->globals[i].view.data =
+                    spine_region_data(gbase, spine_unit_region(st->spine, st->n_layers, st->global_region[i]));
+    }
+    if (!st->n_experts_total) return DF_OK;
+    int64_t slots = st->opts.cache_slots;
+    if (slots <= 0) {
+        uint64_t left = budget > st->reserve_bytes + spine_used ? budget - st->reserve_bytes - spine_used : 0;
+        slots = (int64_t)(left / st->slot_bytes);
+    }
+    slots = DF_MIN(slots, st->n_experts_total);
+    if (slots < 1) {
+        store_print_gib(b1, sizeof b1, budget);
+        return df_error_set(err, DF_ENOMEM, "%s: memory budget %s leaves no room for an expert slot (%llu bytes)",
+                            st->dir, b1, (unsigned long long)st->slot_bytes), DF_ENOMEM;
+    }
+    st->cache = ecache_new(st->n_layers, st->n_experts, (int)slots, st->slot_bytes, st->pool, store_expert_load, st);
+    return DF_OK;
+}
+
+static int store_open_io(df_store *st, df_error *err) {
+    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + 1));
+    for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
+    int direct = !st->opts.buffered_io;
+    int rc = io_local_open(&st->src_expert, st->n_shards, paths, direct, err);
+    if (!rc) rc = io_local_open(&st->src_spine, st->n_shards, paths, direct, err);
+    free(paths);
+    st->pool = io_pool_new(st->opts.io_threads > 0 ? st->opts.io_threads : STORE_IO_THREADS);
+    return rc;
+}
+
+int store_open(df_store **out, const char *dir, df_error *err) { return store_open_ex(out, dir, NULL, err); }
+
+int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_error *err) {
     *out = NULL;
     df_store *st = xcalloc(1, sizeof *st);
     st->dir = xstrdup(dir);
+    if (opts) st->opts = *opts;
     store_refs refs = {0};
     int cfg_layers = 0;
     int rc = store_load_config(st, &cfg_layers, err);
     if (!rc) rc = store_collect(st, &refs, err);
     if (!rc) rc = store_build_tables(st, &refs, cfg_layers, err);
     if (!rc) rc = store_build_experts(st, err);
+    if (!rc) rc = store_open_io(st, err);
+    if (!rc) rc = store_plan(st, err);
     free(refs.v);
     if (rc) {
         store_free(st);
@@ -595,10 +835,17 @@ int store_open(df_store **out, const char *dir, df_error *err) {
 
 void store_free(df_store *st) {
     if (!st) return;
+    ecache_free(st->cache);
+    spine_free(st->spine);
+    io_pool_free(st->pool);
+    io_source_free(st->src_expert);
+    io_source_free(st->src_spine);
+    free(st->global_region);
     for (int i = 0; i < st->n_shards; i++) st_file_close(&st->shards[i]);
     free(st->shards);
     for (int l = 0; l < st->n_layers; l++) {
         free(st->layers[l].items);
+        free(st->layers[l].region);
         free(st->experts[l]);
     }
     free(st->layers);
@@ -659,10 +906,17 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
     if (layer < 0 || layer >= st->n_layers)
         return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
                             st->n_layers), DF_EINVAL;
-    const df_store_layer *l = &st->layers[layer];
+    df_store_layer *l = &st->layers[layer];
     if (l->bad >= 0) {
         const store_item *it = &l->items[l->bad];
         return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+    }
+    if (st->spine) {
+        uint8_t *base;
+        int rc = spine_acquire(st->spine, layer, &base, err);
+        if (rc) return rc;
+        for (int i = 0; i < l->n; i++)
+            l->items[i].view.data = spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i]));
     }
     *out = l;
     return DF_OK;
@@ -673,7 +927,9 @@ const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix)
     return it && it->usable ? &it->view : NULL;
 }
 
-void store_layer_release(df_store *st, const df_store_layer *l) { (void)st, (void)l; }
+void store_layer_release(df_store *st, const df_store_layer *l) {
+    if (st->spine && l) spine_release(st->spine, l->index);
+}
 
 int store_expert_count(const df_store *st, int layer) {
     return layer >= 0 && layer < st->n_layers ? st->n_experts[layer] : 0;
@@ -691,48 +947,53 @@ static int store_expert_check_range(const df_store *st, int layer, int e, df_err
 }
 
 int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err) {
-    long page = sysconf(_SC_PAGESIZE);
     for (int i = 0; i < n; i++) {
         int rc = store_expert_check_range(st, layer, ids[i], err);
         if (rc) return rc;
-        const store_expert_loc *loc = &st->experts[layer][ids[i]].loc;
-        for (int p = 0; p < loc->n_parts; p++) {
-            const st_file *f = &st->shards[loc->parts[p].shard];
-            uint64_t a = loc->parts[p].offset / (uint64_t)page * (uint64_t)page;
-            madvise((void *)(f->map + a), loc->parts[p].offset + loc->parts[p].length - a, MADV_WILLNEED);
-        }
     }
-    return DF_OK;
-}
-
-/* E8M0 0xFF is NaN in the OCP MX spec: a checkpoint containing it is corrupt, not a weight to multiply. */
-static int store_expert_check_scales(const df_store *st, int layer, int e, const store_expert *x, df_error *err) {
-    for (int m = 0; m < 3; m++) {
-        store_ref r = x->part[m][KIND_SCALE];
-        if (!r.t) continue;
-        const uint8_t *s = r.t->data, *hit = memchr(s, 0xFF, r.t->end - r.t->begin);
-        if (!hit) continue;
-        int64_t off = hit - s, cols = r.t->shape[1];
-        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 scale byte 0xFF (NaN) at row %lld, block %lld "
-                            "(layer %d, expert %d)", store_tensor_path(st, r), r.t->name, (long long)(off / cols),
-                            (long long)(off % cols), layer, e), DF_EFORMAT;
-    }
+    atomic_fetch_add(&st->expert_requests, (uint64_t)n);
+    if (n) ecache_prefetch(st->cache, layer, ids, n);
     return DF_OK;
 }
 
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
     int rc = store_expert_check_range(st, layer, e, err);
     if (rc) return rc;
-    store_expert *x = &st->experts[layer][e];
-    if (!atomic_load_explicit(&x->checked, memory_order_acquire)) {
-        if ((rc = store_expert_check_scales(st, layer, e, x, err))) return rc;
-        atomic_store_explicit(&x->checked, 1, memory_order_release);
-    }
-    *out = x->ex;
-    return DF_OK;
+    return ecache_acquire(st->cache, layer, e, out, err);
 }
 
-void store_expert_release(df_store *st, int layer, int e) { (void)st, (void)layer, (void)e; }
+void store_expert_release(df_store *st, int layer, int e) {
+    if (store_expert_locate(st, layer, e)) ecache_release(st->cache, layer, e);
+}
+
+void store_get_stats(df_store *st, store_stats *o) {
+    memset(o, 0, sizeof *o);
+    if (st->cache) {
+        ecache_stats c;
+        ecache_get_stats(st->cache, &c);
+        o->expert_hits = c.hits;
+        o->expert_misses = c.misses;
+        o->expert_loads = c.loads;
+        o->expert_waits = c.waits;
+        o->cache_slots = c.slots;
+        o->cache_bytes = (uint64_t)c.slots * c.slot_bytes;
+    }
+    o->expert_requests = atomic_load(&st->expert_requests);
+    o->expert_disk_bytes = atomic_load(&st->src_expert->bytes);
+    o->spine_disk_bytes = atomic_load(&st->src_spine->bytes);
+    o->direct_fallbacks = atomic_load(&st->src_expert->direct_fallbacks);
+    o->mem_budget = st->opts.mem_budget;
+    o->reserve_bytes = st->reserve_bytes;
+    o->expert_slot_bytes = st->slot_bytes;
+    o->spine_mapped = !st->spine;
+    if (st->spine) {
+        o->resident_spine_bytes = spine_resident_bytes(st->spine);
+        o->stream_buffer_bytes = spine_stream_bytes(st->spine);
+        o->streamed_layers = spine_streamed_units(st->spine);
+    } else {
+        o->resident_spine_bytes = st->spine_bytes;
+    }
+}
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* store_describe */

@@ -23,7 +23,32 @@ typedef struct df_expert {
     df_tensor w1, w2, w3;
 } df_expert;
 
+/* How storage may use memory and the disk. Zeroed = defaults. */
+typedef struct store_opts {
+    uint64_t mem_budget;     /* bytes for spine + expert cache + working buffers; 0 = budget_default_bytes() */
+    int cache_slots;         /* > 0: exactly this many expert slots; 0 = as many as the budget allows */
+    int spine_stream;        /* 1: stream every layer's spine through two buffers even if it would fit */
+    int buffered_io;         /* 1: buffered pread + POSIX_FADV_DONTNEED instead of O_DIRECT */
+    int io_threads;          /* I/O pool size; 0 = 8 */
+} store_opts;
+
+/* What storage did since open: cache behaviour, bytes read, and how memory was split. */
+typedef struct store_stats {
+    uint64_t expert_hits, expert_misses;  /* expert requests served from the cache vs read */
+    uint64_t expert_loads, expert_waits;  /* reads run; acquires that waited for a read in flight */
+    uint64_t expert_requests;             /* experts named by prefetches (per layer, per batch) */
+    uint64_t expert_disk_bytes, spine_disk_bytes;
+    uint64_t mem_budget, resident_spine_bytes, stream_buffer_bytes, cache_bytes, reserve_bytes;
+    uint64_t expert_slot_bytes;
+    int cache_slots;
+    int streamed_layers;                  /* layers whose spine is re-read every pass (0: all resident) */
+    int spine_mapped;                     /* spine served from the file mapping (it fits the budget) */
+    int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
+} store_stats;
+
 int store_open(df_store **out, const char *dir, df_error *err);
+int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_error *err);
+void store_get_stats(df_store *st, store_stats *out);
 void store_free(df_store *st);
 
 const char *store_dir(const df_store *st);

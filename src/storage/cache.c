@@ -1,0 +1,236 @@
+/* cache.c — the expert slot bank (see cache.h). One mutex guards the table; reads run outside it. Victim
+ * search is a linear scan, which is cheap next to a 17 MB read for banks of hundreds of slots. */
+#include "cache.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../common/util.h"
+
+enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
+
+typedef struct ec_slot {
+    ecache *c;
+    int layer, e;
+    int state;
+    int pins;
+    int wanted;          /* prefetched, not yet acquired */
+    uint64_t stamp;      /* last use, for LRU */
+    uint8_t *mem;
+    df_expert view;
+    df_error err;
+} ec_slot;
+
+struct ecache {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n_layers;
+    int64_t *base;       /* first key of each layer */
+    int *map;            /* key -> slot or -1 */
+    int n_slots;
+    size_t slot_bytes;
+    uint8_t *mem;
+    ec_slot *slots;
+    uint64_t clock;
+    io_pool *pool;
+    ecache_load_fn load;
+    void *ctx;
+    int pq_layer, pq_n, pq_next;
+    int *pq_ids;
+    int pq_cap;
+    int loading;
+    ecache_stats st;
+};
+
+static int64_t ec_key(const ecache *c, int layer, int e) { return c->base[layer] + e; }
+
+ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,
+                   ecache_load_fn load, void *ctx) {
+    DF_ASSERT(n_slots > 0 && slot_bytes % IO_ALIGN == 0);
+    ecache *c = xcalloc(1, sizeof *c);
+    pthread_mutex_init(&c->mu, NULL);
+    pthread_cond_init(&c->cv, NULL);
+    c->n_layers = n_layers;
+    c->base = xcalloc((size_t)n_layers + 1, sizeof *c->base);
+    for (int l = 0; l < n_layers; l++) c->base[l + 1] = c->base[l] + n_experts[l];
+    c->map = xmalloc(sizeof *c->map * (size_t)(c->base[n_layers] + 1));
+    for (int64_t k = 0; k <= c->base[n_layers]; k++) c->map[k] = -1;
+    c->n_slots = n_slots;
+    c->slot_bytes = slot_bytes;
+    c->mem = io_mem_alloc((size_t)n_slots * slot_bytes);
+    c->slots = xcalloc((size_t)n_slots, sizeof *c->slots);
+    for (int i = 0; i < n_slots; i++)
+        c->slots[i] = (ec_slot){.c = c, .layer = -1, .e = -1, .mem = c->mem + (size_t)i * slot_bytes};
+    c->pool = pool;
+    c->load = load;
+    c->ctx = ctx;
+    c->st.slots = n_slots;
+    c->st.slot_bytes = slot_bytes;
+    return c;
+}
+
+void ecache_free(ecache *c) {
+    if (!c) return;
+    pthread_mutex_lock(&c->mu);
+    while (c->loading) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+    io_mem_free(c->mem, (size_t)c->n_slots * c->slot_bytes);
+    pthread_mutex_destroy(&c->mu);
+    pthread_cond_destroy(&c->cv);
+    free(c->slots);
+    free(c->map);
+    free(c->base);
+    free(c->pq_ids);
+    free(c);
+}
+
+/* The slot to reuse: empty first, then the least recently used one that is free to go; -1 if none. With
+ * any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must progress). */
+static int ec_victim(const ecache *c, int any_wanted) {
+    int best = -1;
+    for (int i = 0; i < c->n_slots; i++) {
+        const ec_slot *s = &c->slots[i];
+        if (s->state == SLOT_LOADING || s->pins || (s->wanted && !any_wanted)) continue;
+        if (s->state == SLOT_EMPTY) return i;
+        if (best < 0 || s->stamp < c->slots[best].stamp) best = i;
+    }
+    return best;
+}
+
+static void ec_unbind(ecache *c, ec_slot *s) {
+    if (s->layer >= 0) c->map[ec_key(c, s->layer, s->e)] = -1;
+    s->layer = s->e = -1;
+    s->state = SLOT_EMPTY;
+    s->wanted = 0;
+}
+
+static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
+    ec_slot *s = &c->slots[i];
+    if (s->state == SLOT_READY) c->st.evictions++;
+    ec_unbind(c, s);
+    s->layer = layer;
+    s->e = e;
+    s->state = SLOT_LOADING;
+    c->map[ec_key(c, layer, e)] = i;
+    c->st.loads++;
+    c->loading++;
+    return s;
+}
+
+/* Lock held. Records the outcome of a read and wakes waiters. */
+static void ec_finish(ecache *c, ec_slot *s, int rc) {
+    s->state = rc ? SLOT_ERROR : SLOT_READY;
+    s->stamp = ++c->clock;
+    c->loading--;
+    pthread_cond_broadcast(&c->cv);
+}
+
+static void ec_load_job(void *arg) {
+    ec_slot *s = arg;
+    ecache *c = s->c;
+    df_error err = {0};
+    int rc = c->load(c->ctx, s->layer, s->e, s->mem, &s->view, &err);
+    pthread_mutex_lock(&c->mu);
+    s->err = err;
+    ec_finish(c, s, rc);
+    pthread_mutex_unlock(&c->mu);
+}
+
+/* Lock held. Starts reads for the prefetch list as far as free slots allow. */
+static void ec_top_up(ecache *c) {
+    while (c->pq_next < c->pq_n) {
+        int e = c->pq_ids[c->pq_next];
+        int i = c->map[ec_key(c, c->pq_layer, e)];
+        if (i >= 0) {
+            if (!c->slots[i].wanted && c->slots[i].state != SLOT_ERROR) c->st.hits++;
+            c->slots[i].wanted = 1;
+            c->pq_next++;
+            continue;
+        }
+        int v = ec_victim(c, 0);
+        if (v < 0) break;
+        ec_slot *s = ec_bind(c, v, c->pq_layer, e);
+        s->wanted = 1;
+        c->st.misses++;
+        c->pq_next++;
+        io_pool_submit(c->pool, IO_PRIO_HIGH, ec_load_job, s);
+    }
+}
+
+void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
+    pthread_mutex_lock(&c->mu);
+    for (int i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
+    if (n > c->pq_cap) {
+        c->pq_cap = n;
+        c->pq_ids = xrealloc(c->pq_ids, sizeof *c->pq_ids * (size_t)n);
+    }
+    memcpy(c->pq_ids, ids, sizeof *ids * (size_t)n);
+    c->pq_layer = layer;
+    c->pq_n = n;
+    c->pq_next = 0;
+    ec_top_up(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
+    pthread_mutex_lock(&c->mu);
+    int waited = 0;
+    for (;;) {
+        int i = c->map[ec_key(c, layer, e)];
+        ec_slot *s = i >= 0 ? &c->slots[i] : NULL;
+        if (s && s->state == SLOT_LOADING) {
+            if (!waited++) c->st.waits++;
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        if (s && s->state == SLOT_ERROR) {
+            int code = s->err.code;
+            *err = s->err;
+            ec_unbind(c, s);
+            pthread_cond_broadcast(&c->cv);
+            pthread_mutex_unlock(&c->mu);
+            return code;
+        }
+        if (s) {   /* ready */
+            if (!s->wanted && !waited) c->st.hits++;
+            s->wanted = 0;
+            s->pins++;
+            s->stamp = ++c->clock;
+            *out = s->view;
+            pthread_mutex_unlock(&c->mu);
+            return DF_OK;
+        }
+        int v = ec_victim(c, 0);
+        if (v < 0) v = ec_victim(c, 1);
+        if (v < 0) {   /* every slot pinned or in flight: wait for a release */
+            pthread_cond_wait(&c->cv, &c->mu);
+            continue;
+        }
+        s = ec_bind(c, v, layer, e);
+        c->st.misses++;
+        pthread_mutex_unlock(&c->mu);
+        df_error lerr = {0};
+        int rc = c->load(c->ctx, layer, e, s->mem, &s->view, &lerr);
+        pthread_mutex_lock(&c->mu);
+        s->err = lerr;
+        ec_finish(c, s, rc);
+        waited = 1;   /* counted as a miss; the loop hands out the result */
+    }
+}
+
+void ecache_release(ecache *c, int layer, int e) {
+    pthread_mutex_lock(&c->mu);
+    int i = c->map[ec_key(c, layer, e)];
+    DF_ASSERT(i >= 0 && c->slots[i].pins > 0);
+    c->slots[i].pins--;
+    ec_top_up(c);
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_get_stats(ecache *c, ecache_stats *out) {
+    pthread_mutex_lock(&c->mu);
+    *out = c->st;
+    pthread_mutex_unlock(&c->mu);
+}

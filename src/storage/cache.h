@@ -1,0 +1,40 @@
+/* cache.h — the expert cache: a fixed bank of equally sized, aligned slots shared by all layers, each holding
+ * one routed expert's bytes. Experts are looked up by (layer, expert); a miss takes the least recently used
+ * slot that is neither pinned (acquired and not yet released) nor holding a prefetched expert not yet used.
+ * A prefetch list is loaded in order as far as free slots allow and topped up as slots are released, so a
+ * layer whose selection exceeds the bank still streams. Concurrent requests for one expert share one read.
+ * The bytes are filled by a load callback (storage's reader), run on the I/O pool for prefetches and on the
+ * requesting thread for unannounced misses. */
+#ifndef DF_STORE_CACHE_H
+#define DF_STORE_CACHE_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "io.h"
+#include "store.h"
+
+typedef struct ecache ecache;
+
+/* Fills slot (slot_bytes, IO_ALIGN-aligned) with expert (layer, e) and sets *view to point into it. */
+typedef int (*ecache_load_fn)(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df_error *err);
+
+typedef struct ecache_stats {
+    uint64_t hits, misses;   /* requests served from a slot vs read (prefetch or acquire) */
+    uint64_t loads;          /* load callbacks run */
+    uint64_t waits;          /* acquires that found their expert still being read */
+    uint64_t evictions;
+    int slots;
+    size_t slot_bytes;
+} ecache_stats;
+
+ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,
+                   ecache_load_fn load, void *ctx);
+/* Waits for reads in flight, then frees the bank. */
+void ecache_free(ecache *c);
+/* Replaces the prefetch list with these experts of this layer (in this order). */
+void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
+int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);
+void ecache_release(ecache *c, int layer, int e);
+void ecache_get_stats(ecache *c, ecache_stats *out);
+
+#endif

@@ -1,0 +1,250 @@
+/* io.c — the local-disk source (O_DIRECT reads with a per-file buffered fallback), the I/O thread pool, the
+ * latch and accounted anonymous memory. Reads are retried on EINTR and short transfers; EIO is retried twice
+ * before it becomes an error naming the file, the range and what was being read. */
+#include "io.h"
+
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+
+#define IO_EIO_RETRIES 2
+
+typedef struct io_file {
+    char *path;
+    int fd_buf;
+    int fd_direct;            /* -1 when the file was opened without O_DIRECT */
+    atomic_int direct_ok;     /* cleared when the file system refuses O_DIRECT reads */
+} io_file;
+
+typedef struct io_local {
+    io_source base;
+    int n;
+    io_file *f;
+} io_local;
+
+/* Reads up to want bytes at off; stops early only at end of file. Returns 0 or an errno value, with the bytes
+ * transferred in *got. */
+static int io_pread_loop(int fd, uint8_t *dst, uint64_t want, uint64_t off, uint64_t *got) {
+    int eio = 0;
+    *got = 0;
+    while (*got < want) {
+        ssize_t r = pread(fd, dst + *got, want - *got, (off_t)(off + *got));
+        if (r < 0) {
+            if (errno == EINTR) continue;
+            if (errno == EIO && eio++ < IO_EIO_RETRIES) continue;
+            return errno;
+        }
+        if (r == 0) break;
+        *got += (uint64_t)r;
+    }
+    return 0;
+}
+
+static int io_fail(io_local *L, int file, int code, uint64_t off, uint64_t len, const char *what, df_error *err) {
+    const io_file *f = &L->f[file];
+    struct stat sb;
+    long long size = fstat(f->fd_buf, &sb) == 0 ? (long long)sb.st_size : -1;
+    if (code == 0)
+        return df_error_set(err, DF_EIO, "%s: unexpected end of file reading %s: bytes [%llu, %llu) needed, file is "
+                            "%lld bytes (truncated?)", f->path, what, (unsigned long long)off,
+                            (unsigned long long)(off + len), size), DF_EIO;
+    return df_error_set(err, DF_EIO, "%s: read of %s failed at bytes [%llu, %llu): %s", f->path, what,
+                        (unsigned long long)off, (unsigned long long)(off + len), strerror(code)), DF_EIO;
+}
+
+static int io_local_read(io_source *s, int file, uint64_t off, uint64_t len, uint8_t *dst, const char *what,
+                         df_error *err) {
+    io_local *L = (io_local *)s;
+    DF_ASSERT(file >= 0 && file < L->n && (uintptr_t)dst % IO_ALIGN == 0);
+    io_file *f = &L->f[file];
+    uint64_t head = off % IO_ALIGN, got = 0;
+    atomic_fetch_add(&s->reads, 1);
+    if (f->fd_direct >= 0 && atomic_load(&f->direct_ok)) {
+        uint64_t want = io_span_bytes(off, len);
+        int e = io_pread_loop(f->fd_direct, dst, want, off - head, &got);
+        atomic_fetch_add(&s->bytes, got);
+        if (got >= head + len) return DF_OK;   /* EOF past the span's end is fine */
+        if (e && e != EINVAL) return io_fail(L, file, e, off, len, what, err);
+        if (!e && got % IO_ALIGN == 0) return io_fail(L, file, 0, off, len, what, err);
+        /* refused (EINVAL) or an unaligned short transfer: finish with buffered reads */
+        if (e == EINVAL && got == 0 && atomic_exchange(&f->direct_ok, 0)) atomic_fetch_add(&s->direct_fallbacks, 1);
+        got = got > head ? got - head : 0;
+    }
+    uint64_t more = 0;
+    int e = io_pread_loop(f->fd_buf, dst + head + got, len - got, off + got, &more);
+    atomic_fetch_add(&s->bytes, more);
+    posix_fadvise(f->fd_buf, (off_t)off, (off_t)len, POSIX_FADV_DONTNEED);
+    if (e) return io_fail(L, file, e, off, len, what, err);
+    if (got + more < len) return io_fail(L, file, 0, off, len, what, err);
+    return DF_OK;
+}
+
+static const char *io_local_name(const io_source *s, int file) { return ((const io_local *)s)->f[file].path; }
+
+static void io_local_free(io_source *s) {
+    io_local *L = (io_local *)s;
+    for (int i = 0; i < L->n; i++) {
+        if (L->f[i].fd_buf >= 0) close(L->f[i].fd_buf);
+        if (L->f[i].fd_direct >= 0) close(L->f[i].fd_direct);
+        free(L->f[i].path);
+    }
+    free(L->f);
+    free(L);
+}
+
+int io_local_open(io_source **out, int n_files, const char *const *paths, int direct, df_error *err) {
+    io_local *L = xcalloc(1, sizeof *L);
+    L->base.read = io_local_read;
+    L->base.free = io_local_free;
+    L->base.file_name = io_local_name;
+    L->f = xcalloc((size_t)n_files + 1, sizeof *L->f);
+    *out = &L->base;
+    for (int i = 0; i < n_files; i++) {
+        io_file *f = &L->f[L->n++];
+        f->path = xstrdup(paths[i]);
+        f->fd_direct = -1;
+        f->fd_buf = open(paths[i], O_RDONLY | O_CLOEXEC);
+        if (f->fd_buf < 0) {
+            df_error_set(err, DF_EIO, "%s: %s", paths[i], strerror(errno));
+            io_local_free(&L->base);
+            *out = NULL;
+            return DF_EIO;
+        }
+        if (direct) f->fd_direct = open(paths[i], O_RDONLY | O_CLOEXEC | O_DIRECT);
+        atomic_store(&f->direct_ok, f->fd_direct >= 0);
+        if (direct && f->fd_direct < 0) atomic_fetch_add(&L->base.direct_fallbacks, 1);
+    }
+    return DF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+
+typedef struct io_job {
+    void (*fn)(void *);
+    void *arg;
+    struct io_job *next;
+} io_job;
+
+struct io_pool {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    io_job *head[2], *tail[2];
+    int stop;
+    int n;
+    pthread_t *threads;
+};
+
+static void *io_pool_main(void *arg) {
+    io_pool *p = arg;
+    pthread_mutex_lock(&p->mu);
+    for (;;) {
+        int q = p->head[IO_PRIO_HIGH] ? IO_PRIO_HIGH : p->head[IO_PRIO_LOW] ? IO_PRIO_LOW : -1;
+        if (q < 0) {
+            if (p->stop) break;
+            pthread_cond_wait(&p->cv, &p->mu);
+            continue;
+        }
+        io_job *j = p->head[q];
+        p->head[q] = j->next;
+        if (!p->head[q]) p->tail[q] = NULL;
+        pthread_mutex_unlock(&p->mu);
+        j->fn(j->arg);
+        free(j);
+        pthread_mutex_lock(&p->mu);
+    }
+    pthread_mutex_unlock(&p->mu);
+    return NULL;
+}
+
+io_pool *io_pool_new(int n_threads) {
+    io_pool *p = xcalloc(1, sizeof *p);
+    pthread_mutex_init(&p->mu, NULL);
+    pthread_cond_init(&p->cv, NULL);
+    p->threads = xcalloc((size_t)n_threads, sizeof *p->threads);
+    for (int i = 0; i < n_threads; i++) {
+        if (pthread_create(&p->threads[i], NULL, io_pool_main, p)) df_die("cannot start I/O thread");
+        p->n++;
+    }
+    return p;
+}
+
+void io_pool_free(io_pool *p) {
+    if (!p) return;
+    pthread_mutex_lock(&p->mu);
+    p->stop = 1;
+    pthread_cond_broadcast(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+    for (int i = 0; i < p->n; i++) pthread_join(p->threads[i], NULL);
+    pthread_mutex_destroy(&p->mu);
+    pthread_cond_destroy(&p->cv);
+    free(p->threads);
+    free(p);
+}
+
+void io_pool_submit(io_pool *p, int prio, void (*fn)(void *), void *arg) {
+    io_job *j = xmalloc(sizeof *j);
+    *j = (io_job){fn, arg, NULL};
+    pthread_mutex_lock(&p->mu);
+    if (p->tail[prio]) p->tail[prio]->next = j;
+    else p->head[prio] = j;
+    p->tail[prio] = j;
+    pthread_cond_signal(&p->cv);
+    pthread_mutex_unlock(&p->mu);
+}
+
+struct io_latch {
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+    int n;
+};
+
+io_latch *io_latch_new(void) {
+    io_latch *l = xcalloc(1, sizeof *l);
+    pthread_mutex_init(&l->mu, NULL);
+    pthread_cond_init(&l->cv, NULL);
+    return l;
+}
+
+void io_latch_free(io_latch *l) {
+    if (!l) return;
+    pthread_mutex_destroy(&l->mu);
+    pthread_cond_destroy(&l->cv);
+    free(l);
+}
+
+void io_latch_add(io_latch *l, int n) {
+    pthread_mutex_lock(&l->mu);
+    l->n += n;
+    pthread_mutex_unlock(&l->mu);
+}
+
+void io_latch_done(io_latch *l) {
+    pthread_mutex_lock(&l->mu);
+    if (--l->n == 0) pthread_cond_broadcast(&l->cv);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void io_latch_wait(io_latch *l) {
+    pthread_mutex_lock(&l->mu);
+    while (l->n > 0) pthread_cond_wait(&l->cv, &l->mu);
+    pthread_mutex_unlock(&l->mu);
+}
+
+void *io_mem_alloc(size_t n) {
+    if (!n) n = IO_ALIGN;
+    void *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (p == MAP_FAILED) df_die("out of memory (%zu bytes of buffers)", n);
+    return p;
+}
+
+void io_mem_free(void *p, size_t n) {
+    if (p) munmap(p, n ? n : IO_ALIGN);
+}
