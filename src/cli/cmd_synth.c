@@ -1,9 +1,465 @@
-/* cmd_synth.c — `deltafin synth` (placeholder until its issue lands). */
+/* cmd_synth.c — `deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR`: writes a checkpoint
+ * with the real tensor names, shapes, dtypes and shard layout of the family (SPEC §2.1, §2.2, §4.5) but N
+ * decoder layers (layer 0 dense, the rest MoE) and E routed experts per layer, filled with random values of
+ * sane scale (every byte written: no sparse files), plus config.json and the shard index. K3: one shard for
+ * the top-level tensors and layer 0, then one shard per MoE layer holding its experts as contiguous spans
+ * (w1, w2, w3 packed + scale, in string order of the expert id, 16 KiB aligned) followed by its spine.
+ * Benchmarks use it to get checkpoints larger than RAM. */
+#include <errno.h>
+#include <fcntl.h>
+#include <getopt.h>
+#include <jansson.h>
 #include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
 #include "cli.h"
+#include "common/util.h"
+
+#define SYN_ALIGN 16384u
+#define SYN_CHUNK (32u << 20)
+
+enum { G_BF16, G_BF16_ONE, G_F32, G_F32_ONE, G_ALOG, G_U8, G_E8M0 };
+
+typedef struct syn_tensor {
+    char name[192];
+    const char *dtype;
+    int ndim;
+    int64_t shape[4];
+    int gen;
+    int exp_hi;          /* G_BF16: largest binary exponent of |value| */
+    int n_valid;         /* G_ALOG: entries past this are zero padding */
+    uint64_t bytes;
+} syn_tensor;
+
+typedef struct syn_shard {
+    syn_tensor *t;
+    int n, cap;
+} syn_shard;
+
+typedef struct syn_dims {
+    int k3;
+    int64_t d, vocab, hk, dk, hm, q_lora, kv_lora, nope, rope, vdim, dense_inter, inter, dz, n_shared;
+    int layers, experts, topk;
+} syn_dims;
+
+static int elem_size(const char *dt) { return !strcmp(dt, "F32") ? 4 : !strcmp(dt, "BF16") ? 2 : 1; }
+
+/* Largest exponent for a matrix with `in` columns: values up to ~2/sqrt(in). */
+static int exp_for(int64_t in) {
+    int e = 0;
+    while ((1ll << (2 * -(e - 1))) <= in) e--;
+    return e;
+}
+
+static void add(syn_shard *s, const char *prefix, const char *name, const char *dtype, int gen, int ndim,
+                int64_t a, int64_t b, int64_t c) {
+    if (s->n == s->cap) s->t = xrealloc(s->t, sizeof *s->t * (size_t)(s->cap = s->cap ? 2 * s->cap : 64));
+    syn_tensor *t = &s->t[s->n++];
+    memset(t, 0, sizeof *t);
+    snprintf(t->name, sizeof t->name, "%s%s", prefix, name);
+    t->dtype = dtype;
+    t->gen = gen;
+    t->ndim = ndim;
+    int64_t sh[3] = {a, b, c};
+    uint64_t n = 1;
+    for (int i = 0; i < ndim; i++) n *= (uint64_t)(t->shape[i] = sh[i]);
+    t->bytes = n * (uint64_t)elem_size(dtype);
+    t->exp_hi = exp_for(ndim >= 2 ? t->shape[ndim - 1] : 16);
+}
+
+static void mat(syn_shard *s, const char *p, const char *n, int64_t rows, int64_t cols) {
+    add(s, p, n, "BF16", G_BF16, 2, rows, cols, 0);
+}
+static void norm(syn_shard *s, const char *p, const char *n, int64_t len, int f32) {
+    add(s, p, n, f32 ? "F32" : "BF16", f32 ? G_F32_ONE : G_BF16_ONE, 1, len, 0, 0);
+}
+
+static void add_layer_spine(syn_shard *s, const syn_dims *D, int i) {
+    char p[128];
+    snprintf(p, sizeof p, "%smodel.layers.%d.", D->k3 ? "language_model." : "", i);
+    int64_t d = D->d, pk = D->hk * D->dk;
+    norm(s, p, "input_layernorm.weight", d, 0);
+    norm(s, p, "post_attention_layernorm.weight", d, 0);
+    if (D->k3) {
+        norm(s, p, "self_attention_res_norm.weight", d, 0);
+        norm(s, p, "mlp_res_norm.weight", d, 0);
+        add(s, p, "self_attention_res_proj.weight", "BF16", G_BF16, 2, 1, d, 0);
+        add(s, p, "mlp_res_proj.weight", "BF16", G_BF16, 2, 1, d, 0);
+    }
+    if (i % 4 != 3) {   /* KDA */
+        static const char *qkv[3] = {"q", "k", "v"};
+        char n[64];
+        for (int j = 0; j < 3; j++) {
+            snprintf(n, sizeof n, "self_attn.%s_proj.weight", qkv[j]);
+            mat(s, p, n, pk, d);
+            snprintf(n, sizeof n, "self_attn.%s_conv1d.weight", qkv[j]);
+            add(s, p, n, "F32", G_F32, 3, pk, 1, 4);
+        }
+        mat(s, p, "self_attn.f_a_proj.weight", D->dk, d);
+        mat(s, p, "self_attn.f_b_proj.weight", pk, D->dk);
+        add(s, p, "self_attn.dt_bias", "F32", G_F32, 1, pk, 0, 0);
+        if (D->k3) add(s, p, "self_attn.A_log", "F32", G_ALOG, 1, D->dk, 0, 0);
+        else add(s, p, "self_attn.A_log", "F32", G_ALOG, 3, 1, 1, D->hk);
+        s->t[s->n - 1].n_valid = (int)D->hk;
+        if (!D->k3) { s->t[s->n - 1].ndim = 4; s->t[s->n - 1].shape[3] = 1; }
+        mat(s, p, "self_attn.b_proj.weight", D->hk, d);
+        if (D->k3) {
+            mat(s, p, "self_attn.g_proj.weight", pk, d);
+        } else {
+            mat(s, p, "self_attn.g_a_proj.weight", D->dk, d);
+            mat(s, p, "self_attn.g_b_proj.weight", pk, D->dk);
+        }
+        norm(s, p, "self_attn.o_norm.weight", D->dk, D->k3);
+        mat(s, p, "self_attn.o_proj.weight", d, pk);
+    } else {            /* MLA */
+        int64_t nq = D->nope + D->rope;
+        if (D->q_lora) {
+            mat(s, p, "self_attn.q_a_proj.weight", D->q_lora, d);
+            norm(s, p, "self_attn.q_a_layernorm.weight", D->q_lora, 0);
+            mat(s, p, "self_attn.q_b_proj.weight", D->hm * nq, D->q_lora);
+        } else {
+            mat(s, p, "self_attn.q_proj.weight", D->hm * nq, d);
+        }
+        mat(s, p, "self_attn.kv_a_proj_with_mqa.weight", D->kv_lora + D->rope, d);
+        norm(s, p, "self_attn.kv_a_layernorm.weight", D->kv_lora, 0);
+        mat(s, p, "self_attn.kv_b_proj.weight", D->hm * (D->nope + D->vdim), D->kv_lora);
+        if (D->k3) mat(s, p, "self_attn.g_proj.weight", D->hm * D->vdim, d);
+        mat(s, p, "self_attn.o_proj.weight", d, D->hm * D->vdim);
+    }
+    if (i == 0) {
+        mat(s, p, "mlp.gate_proj.weight", D->dense_inter, d);
+        mat(s, p, "mlp.up_proj.weight", D->dense_inter, d);
+        mat(s, p, "mlp.down_proj.weight", d, D->dense_inter);
+        return;
+    }
+    mat(s, p, "block_sparse_moe.gate.weight", D->experts, d);
+    add(s, p, "block_sparse_moe.gate.e_score_correction_bias", "F32", G_F32, 1, D->experts, 0, 0);
+    if (D->k3) {
+        mat(s, p, "block_sparse_moe.routed_expert_down_proj.weight", D->dz, d);
+        norm(s, p, "block_sparse_moe.routed_expert_norm.weight", D->dz, 0);
+        mat(s, p, "block_sparse_moe.routed_expert_up_proj.weight", d, D->dz);
+    }
+    int64_t si = D->inter * D->n_shared;
+    mat(s, p, "block_sparse_moe.shared_experts.gate_proj.weight", si, d);
+    mat(s, p, "block_sparse_moe.shared_experts.up_proj.weight", si, d);
+    mat(s, p, "block_sparse_moe.shared_experts.down_proj.weight", d, si);
+}
+
+static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+/* Experts of layer i in string order of their id, each one contiguous span. */
+static void add_experts(syn_shard *s, const syn_dims *D, int i) {
+    char **ids = xmalloc(sizeof *ids * (size_t)D->experts);
+    for (int e = 0; e < D->experts; e++) {
+        ids[e] = xmalloc(16);
+        snprintf(ids[e], 16, "%d", e);
+    }
+    qsort(ids, (size_t)D->experts, sizeof *ids, cmp_str);
+    int64_t dz = D->k3 ? D->dz : D->d, I = D->inter;
+    for (int k = 0; k < D->experts; k++) {
+        char p[160];
+        snprintf(p, sizeof p, "%smodel.layers.%d.block_sparse_moe.experts.%s.", D->k3 ? "language_model." : "", i,
+                 ids[k]);
+        if (D->k3) {
+            add(s, p, "w1.weight_packed", "U8", G_U8, 2, I, dz / 2, 0);
+            add(s, p, "w1.weight_scale", "U8", G_E8M0, 2, I, dz / 32, 0);
+            add(s, p, "w2.weight_packed", "U8", G_U8, 2, dz, I / 2, 0);
+            add(s, p, "w2.weight_scale", "U8", G_E8M0, 2, dz, I / 32, 0);
+            add(s, p, "w3.weight_packed", "U8", G_U8, 2, I, dz / 2, 0);
+            add(s, p, "w3.weight_scale", "U8", G_E8M0, 2, I, dz / 32, 0);
+        } else {
+            mat(s, p, "w1.weight", I, dz);
+            mat(s, p, "w2.weight", dz, I);
+            mat(s, p, "w3.weight", I, dz);
+        }
+        free(ids[k]);
+    }
+    free(ids);
+}
+
+static void add_globals(syn_shard *s, const syn_dims *D) {
+    const char *p = D->k3 ? "language_model." : "";
+    mat(s, p, "model.embed_tokens.weight", D->vocab, D->d);
+    s->t[s->n - 1].exp_hi = -2;
+    norm(s, p, "model.norm.weight", D->d, 0);
+    mat(s, p, "lm_head.weight", D->vocab, D->d);
+    if (D->k3) {
+        norm(s, p, "model.output_attn_res_norm.weight", D->d, 0);
+        add(s, p, "model.output_attn_res_proj.weight", "BF16", G_BF16, 2, 1, D->d, 0);
+    }
+}
+
+/* ---- values ---------------------------------------------------------------------------------------- */
+
+static uint64_t rng_next(uint64_t *s) {
+    uint64_t x = *s;
+    x ^= x << 13;
+    x ^= x >> 7;
+    x ^= x << 17;
+    return *s = x;
+}
+
+static float rng_unit(uint64_t *s) { return (float)(rng_next(s) >> 40) / (float)(1u << 24); }
+
+/* Fills n bytes of tensor t starting at element byte offset `at` (a multiple of the element size). */
+static void fill(const syn_tensor *t, uint64_t at, uint8_t *buf, size_t n, uint64_t *rng) {
+    switch (t->gen) {
+    case G_U8:
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t r = rng_next(rng);
+            memcpy(buf + i, &r, n - i < 8 ? n - i : 8);
+        }
+        break;
+    case G_E8M0:
+        for (size_t i = 0; i < n; i++) buf[i] = (uint8_t)(112 + (rng_next(rng) >> 33) % 11);
+        break;
+    case G_BF16: {
+        /* random sign and 7-bit mantissa, exponent in [exp_hi-3, exp_hi] */
+        uint16_t base = (uint16_t)(127 + t->exp_hi - 3);
+        for (size_t i = 0; i < n; i += 8) {
+            uint64_t r = rng_next(rng);
+            uint16_t h[4];
+            for (int k = 0; k < 4; k++) {
+                uint16_t v = (uint16_t)(r >> (16 * k));
+                h[k] = (uint16_t)((v & 0x807F) | ((base + ((v >> 7) & 3)) << 7));
+            }
+            memcpy(buf + i, h, n - i < 8 ? n - i : 8);
+        }
+        break;
+    }
+    case G_BF16_ONE:
+        for (size_t i = 0; i + 1 < n; i += 2) buf[i] = 0x80, buf[i + 1] = 0x3F;
+        break;
+    case G_F32_ONE:
+    case G_F32:
+    case G_ALOG:
+        for (size_t i = 0; i + 3 < n; i += 4) {
+            uint64_t idx = (at + i) / 4;
+            float v = t->gen == G_F32_ONE ? 1.0f
+                      : t->gen == G_F32   ? (rng_unit(rng) - 0.5f) * 0.5f
+                      : idx < (uint64_t)t->n_valid ? rng_unit(rng) * 2.0f : 0.0f;
+            memcpy(buf + i, &v, 4);
+        }
+        break;
+    }
+}
+
+static int write_all(int fd, const uint8_t *p, size_t n, const char *path) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) {
+            fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
+            return -1;
+        }
+        p += w, n -= (size_t)w;
+    }
+    return 0;
+}
+
+static int write_shard(const char *dir, const char *file, const syn_shard *s, uint64_t seed, json_t *wmap,
+                       uint64_t *total) {
+    json_t *h = json_object();
+    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
+    uint64_t off = 0;
+    for (int i = 0; i < s->n; i++) {
+        const syn_tensor *t = &s->t[i];
+        json_t *shape = json_array();
+        for (int k = 0; k < t->ndim; k++) json_array_append_new(shape, json_integer(t->shape[k]));
+        json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", t->dtype, "shape", shape,
+                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->bytes)));
+        json_object_set_new(wmap, t->name, json_string(file));
+        off += t->bytes;
+    }
+    *total += off;
+    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    size_t tl = strlen(text);
+    uint64_t hl = (tl + 8 + SYN_ALIGN - 1) / SYN_ALIGN * SYN_ALIGN - 8;
+    char *path = df_path_join(dir, file);
+    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    int rc = fd < 0 ? -1 : 0;
+    if (fd < 0) fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
+    uint8_t *buf = xmalloc(SYN_CHUNK);
+    if (!rc) {
+        uint8_t len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
+        memset(buf, ' ', hl);
+        memcpy(buf, text, tl);
+        rc = write_all(fd, len8, 8, path);
+        if (!rc) rc = write_all(fd, buf, hl, path);
+    }
+    uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
+    for (int i = 0; !rc && i < s->n; i++) {
+        const syn_tensor *t = &s->t[i];
+        for (uint64_t at = 0; !rc && at < t->bytes; at += SYN_CHUNK) {
+            size_t n = (size_t)DF_MIN((uint64_t)SYN_CHUNK, t->bytes - at);
+            fill(t, at, buf, n, &rng);
+            rc = write_all(fd, buf, n, path);
+        }
+    }
+    if (fd >= 0 && close(fd) && !rc) rc = -1;
+    free(buf);
+    free(text);
+    free(path);
+    return rc;
+}
+
+static json_t *make_config(const syn_dims *D) {
+    json_t *kda = json_array(), *mla = json_array();
+    for (int i = 0; i < D->layers; i++) json_array_append_new(i % 4 == 3 ? mla : kda, json_integer(i + 1));
+    json_t *lac = json_pack("{s:o,s:o,s:I,s:I,s:I}", "kda_layers", kda, "full_attn_layers", mla, "num_heads",
+                            (json_int_t)D->hk, "head_dim", (json_int_t)D->dk, "short_conv_kernel_size", (json_int_t)4);
+    json_t *t = json_object();
+    json_object_set_new(t, "model_type", json_string("kimi_linear"));
+    json_object_set_new(t, "vocab_size", json_integer(D->vocab));
+    json_object_set_new(t, "hidden_size", json_integer(D->d));
+    json_object_set_new(t, "intermediate_size", json_integer(D->dense_inter));
+    json_object_set_new(t, "moe_intermediate_size", json_integer(D->inter));
+    json_object_set_new(t, "num_hidden_layers", json_integer(D->layers));
+    json_object_set_new(t, "num_attention_heads", json_integer(D->hm));
+    json_object_set_new(t, "num_key_value_heads", json_integer(D->hm));
+    json_object_set_new(t, "q_lora_rank", D->q_lora ? json_integer(D->q_lora) : json_null());
+    json_object_set_new(t, "kv_lora_rank", json_integer(D->kv_lora));
+    json_object_set_new(t, "qk_nope_head_dim", json_integer(D->nope));
+    json_object_set_new(t, "qk_rope_head_dim", json_integer(D->rope));
+    json_object_set_new(t, "v_head_dim", json_integer(D->vdim));
+    json_object_set_new(t, "mla_use_nope", json_true());
+    json_object_set_new(t, "num_experts", json_integer(D->experts));
+    json_object_set_new(t, "num_experts_per_token", json_integer(D->topk));
+    json_object_set_new(t, "num_shared_experts", json_integer(D->n_shared));
+    json_object_set_new(t, "first_k_dense_replace", json_integer(1));
+    json_object_set_new(t, "moe_layer_freq", json_integer(1));
+    json_object_set_new(t, "routed_scaling_factor", json_real(D->k3 ? 1.0 : 2.446));
+    json_object_set_new(t, "moe_renormalize", json_true());
+    json_object_set_new(t, "moe_router_activation_func", json_string("sigmoid"));
+    json_object_set_new(t, "use_grouped_topk", json_true());
+    json_object_set_new(t, "num_expert_group", json_integer(1));
+    json_object_set_new(t, "topk_group", json_integer(1));
+    json_object_set_new(t, "topk_method", json_string("noaux_tc"));
+    json_object_set_new(t, "rms_norm_eps", json_real(1e-5));
+    json_object_set_new(t, "tie_word_embeddings", json_false());
+    json_object_set_new(t, "num_nextn_predict_layers", json_integer(0));
+    json_object_set_new(t, "model_max_length", json_integer(1048576));
+    json_object_set_new(t, "bos_token_id", json_integer(163584));
+    json_object_set_new(t, "eos_token_id", json_integer(163586));
+    json_object_set_new(t, "pad_token_id", json_integer(163839));
+    json_object_set_new(t, "dtype", json_string("bfloat16"));
+    if (!D->k3) {
+        json_object_set_new(t, "hidden_act", json_string("silu"));
+        json_object_set_new(t, "linear_attn_config", lac);
+        json_object_set_new(t, "architectures", json_pack("[s]", "KimiLinearForCausalLM"));
+        return t;
+    }
+    json_object_set_new(lac, "use_full_rank_gate", json_true());
+    json_object_set_new(lac, "gate_lower_bound", json_real(-5.0));
+    json_object_set_new(t, "linear_attn_config", lac);
+    json_object_set_new(t, "hidden_act", json_string("situ"));
+    json_object_set_new(t, "activation_situ_beta", json_real(4.0));
+    json_object_set_new(t, "activation_situ_linear_beta", json_real(25.0));
+    json_object_set_new(t, "mla_use_output_gate", json_true());
+    json_object_set_new(t, "routed_expert_hidden_size", json_integer(D->dz));
+    json_object_set_new(t, "latent_moe_use_norm", json_true());
+    json_object_set_new(t, "attn_res_block_size", json_integer(12));
+    json_t *q = json_pack("{s:s,s:s,s:s,s:{s:{s:[s],s:s,s:{s:i,s:s,s:b,s:s,s:i,s:b,s:s,s:s}}},s:[s,s,s,s,s,s]}",
+                          "quant_method", "compressed-tensors", "format", "mxfp4-pack-quantized",
+                          "quantization_status", "compressed", "config_groups", "group_0", "targets", "Linear",
+                          "format", "mxfp4-pack-quantized", "weights", "num_bits", 4, "type", "float", "symmetric", 1,
+                          "strategy", "group", "group_size", 32, "dynamic", 0, "observer", "minmax", "scale_dtype",
+                          "torch.uint8", "ignore", "lm_head", "re:.*self_attn.*", "re:.*mlp\\..*",
+                          "re:.*shared_experts.*", "re:.*block_sparse_moe\\.gate$",
+                          "re:.*routed_expert_(down|up)_proj$");
+    return json_pack("{s:s,s:[s],s:o,s:o,s:s}", "model_type", "kimi_k3", "architectures",
+                     "KimiK3ForConditionalGeneration", "text_config", t, "quantization_config", q, "dtype", "bfloat16");
+}
 
 int cmd_synth(int argc, char **argv) {
-    (void)argc;
-    fprintf(stderr, "deltafin %s: not implemented yet\n", argv[0]);
-    return 2;
+    static const struct option lo[] = {{"family", 1, 0, 'f'}, {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
+                                       {"out", 1, 0, 'o'},    {"vocab", 1, 0, 'v'},  {"topk", 1, 0, 'k'},
+                                       {"seed", 1, 0, 's'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+    const char *family = NULL, *out = NULL;
+    int layers = 0, experts = 0, topk = 0, c;
+    long long vocab = 163840;
+    uint64_t seed = 1;
+    optind = 1;
+    while ((c = getopt_long(argc, argv, "f:l:e:o:v:k:s:h", lo, NULL)) != -1) {
+        switch (c) {
+        case 'f': family = optarg; break;
+        case 'l': layers = atoi(optarg); break;
+        case 'e': experts = atoi(optarg); break;
+        case 'o': out = optarg; break;
+        case 'v': vocab = atoll(optarg); break;
+        case 'k': topk = atoi(optarg); break;
+        case 's': seed = strtoull(optarg, NULL, 10); break;
+        default:
+            fprintf(c == 'h' ? stdout : stderr,
+                    "usage: deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR [--vocab V] "
+                    "[--topk K] [--seed S]\n  N decoder layers: layer 0 dense, layers 1..N-1 MoE with E experts "
+                    "each; real hidden sizes and dtypes of the family\n");
+            return c == 'h' ? 0 : 2;
+        }
+    }
+    int k3 = family && !strcmp(family, "k3");
+    if (!family || (!k3 && strcmp(family, "kimi-linear")) || layers < 1 || experts < 1 || !out || vocab < 16) {
+        fprintf(stderr, "deltafin synth: need --family k3|kimi-linear, --layers N >= 1, --experts E >= 1, -o DIR\n");
+        return 2;
+    }
+    syn_dims D = k3 ? (syn_dims){1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0}
+                    : (syn_dims){0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0};
+    D.layers = layers;
+    D.experts = experts;
+    D.topk = topk > 0 ? topk : DF_MIN(experts, k3 ? 16 : 8);
+    if (D.topk > experts) {
+        fprintf(stderr, "deltafin synth: --topk %d exceeds --experts %d\n", D.topk, experts);
+        return 2;
+    }
+    if (mkdir(out, 0755) && errno != EEXIST) {
+        fprintf(stderr, "deltafin synth: %s: %s\n", out, strerror(errno));
+        return 1;
+    }
+    int n_shards = layers;   /* shard 1: globals + layer 0; shard i+1: MoE layer i */
+    json_t *wmap = json_object();
+    uint64_t total = 0;
+    int rc = 0;
+    double t0 = df_now();
+    for (int sh = 0; !rc && sh < n_shards; sh++) {
+        syn_shard s = {0};
+        if (sh == 0) {
+            add_globals(&s, &D);
+            add_layer_spine(&s, &D, 0);
+        } else {
+            add_experts(&s, &D, sh);
+            add_layer_spine(&s, &D, sh);
+        }
+        char file[64];
+        snprintf(file, sizeof file, "model-%05d-of-%06d.safetensors", sh + 1, n_shards);
+        rc = write_shard(out, file, &s, seed + (uint64_t)sh, wmap, &total);
+        free(s.t);
+        fprintf(stderr, "\rdeltafin synth: %d/%d shards, %.1f GB, %.0f s", sh + 1, n_shards, total / 1e9,
+                df_now() - t0);
+    }
+    fprintf(stderr, "\n");
+    if (!rc) {
+        json_t *idx = json_pack("{s:{s:I},s:o}", "metadata", "total_size", (json_int_t)total, "weight_map", wmap);
+        char *p = df_path_join(out, "model.safetensors.index.json");
+        rc = json_dump_file(idx, p, JSON_INDENT(1) | JSON_SORT_KEYS);
+        free(p);
+        json_decref(idx);
+        json_t *cfg = make_config(&D);
+        p = df_path_join(out, "config.json");
+        if (!rc) rc = json_dump_file(cfg, p, JSON_INDENT(1) | JSON_PRESERVE_ORDER);
+        free(p);
+        json_decref(cfg);
+    } else {
+        json_decref(wmap);
+    }
+    if (rc) {
+        fprintf(stderr, "deltafin synth: failed writing %s\n", out);
+        return 1;
+    }
+    printf("%s: %s, %d layers, %d experts per MoE layer, top-%d, %.2f GB in %d shards\n", out, k3 ? "kimi_k3" :
+           "kimi_linear", layers, experts, D.topk, total / 1e9, n_shards);
+    return 0;
 }
