@@ -738,7 +738,10 @@ static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail) {
     free(by);
 }
 
-static void store_print_gib(char *buf, size_t cap, uint64_t n) { snprintf(buf, cap, "%.2f GiB", (double)n / (1ull << 30)); }
+static void store_print_gib(char *buf, size_t cap, uint64_t n) {
+    if (n >= (1ull << 30)) snprintf(buf, cap, "%.2f GiB", (double)n / (1ull << 30));
+    else snprintf(buf, cap, "%.1f MiB", (double)n / (1ull << 20));
+}
 
 static int store_plan(df_store *st, df_error *err) {
     uint64_t budget = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes();
@@ -759,19 +762,23 @@ static int store_plan(df_store *st, df_error *err) {
         spine_unit *u = xcalloc((size_t)st->n_layers + 1, sizeof *u);
         for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
         u[st->n_layers].resident = 1;
-        uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), big = 0;
-        for (int l = 0; l < st->n_layers; l++) big = DF_MAX(big, spine_unit_bytes(&u[l]));
-        if (fixed + 2 * big > budget) {
+        uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
+        if (fixed < budget) store_choose_resident(st, u, budget - fixed);
+        uint64_t big = 0;
+        for (int l = 0; l < st->n_layers; l++)
+            if (u[l].resident) need += spine_unit_bytes(&u[l]);
+            else big = DF_MAX(big, spine_unit_bytes(&u[l]));
+        need += 2 * big;
+        if (need > budget) {
             store_print_gib(b1, sizeof b1, budget);
-            store_print_gib(b2, sizeof b2, fixed + 2 * big);
+            store_print_gib(b2, sizeof b2, need);
             for (int l = 0; l <= st->n_layers; l++) free(u[l].r);
             free(u);
             return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
                                 "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
-                                "largest layer and %llu expert slots)", st->dir, b1, b2,
+                                "largest streamed layer and %llu expert slots)", st->dir, b1, b2,
                                 (unsigned long long)min_slots), DF_ENOMEM;
         }
-        store_choose_resident(st, u, budget - fixed);
         int rc = spine_new(&st->spine, st->src_spine, st->pool, st->n_layers + 1, u, err);
         if (rc) return rc;
         spine_used = spine_resident_bytes(st->spine) + spine_stream_bytes(st->spine);

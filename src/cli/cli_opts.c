@@ -1,0 +1,53 @@
+/* cli_opts.c — the storage options shared by engine-opening commands (see cli_opts.h). */
+#include "cli_opts.h"
+
+#include <ctype.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <strings.h>
+
+int cli_parse_bytes(const char *s, uint64_t *out) {
+    char *end;
+    double v = strtod(s, &end);
+    if (end == s || v < 0) return -1;
+    while (isspace((unsigned char)*end)) end++;
+    double mul = 1ull << 30;
+    switch (toupper((unsigned char)*end)) {
+    case 'T': mul = 1ull << 40; end++; break;
+    case 'G': mul = 1ull << 30; end++; break;
+    case 'M': mul = 1ull << 20; end++; break;
+    case 'K': mul = 1ull << 10; end++; break;
+    case 'B': mul = 1; break;
+    case 0: break;
+    default: return -1;
+    }
+    if (*end && strcasecmp(end, "B") && strcasecmp(end, "iB")) return -1;
+    *out = (uint64_t)(v * mul);
+    return 0;
+}
+
+int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
+    switch (c) {
+    case CLI_OPT_MEM:
+        if (cli_parse_bytes(arg, &o->mem_budget) || !o->mem_budget) {
+            fprintf(stderr, "deltafin: --mem: bad size '%s' (examples: 8G, 512M)\n", arg);
+            return -1;
+        }
+        return 1;
+    case CLI_OPT_CACHE_SLOTS:
+        if ((o->expert_cache_slots = atoi(arg)) <= 0) {
+            fprintf(stderr, "deltafin: --cache-slots needs a positive number\n");
+            return -1;
+        }
+        return 1;
+    case CLI_OPT_SPINE_STREAM: o->spine_stream = 1; return 1;
+    case CLI_OPT_BUFFERED_IO: o->buffered_io = 1; return 1;
+    case CLI_OPT_IO_THREADS:
+        if ((o->io_threads = atoi(arg)) <= 0) {
+            fprintf(stderr, "deltafin: --io-threads needs a positive number\n");
+            return -1;
+        }
+        return 1;
+    default: return 0;
+    }
+}

@@ -1,0 +1,30 @@
+/* cli_opts.h — command-line options shared by every command that opens an engine: the storage options of
+ * df_engine_opts (memory budget, expert cache, spine streaming, I/O mode). A command adds
+ * CLI_STORAGE_LONGOPTS to its getopt_long table and passes unknown option codes to cli_storage_opt. */
+#ifndef DF_CLI_OPTS_H
+#define DF_CLI_OPTS_H
+
+#include <stdint.h>
+#include "deltafin.h"
+
+enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS };
+
+#define CLI_STORAGE_LONGOPTS                                                                                    \
+    {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
+        {"spine-stream", 0, 0, CLI_OPT_SPINE_STREAM}, {"buffered-io", 0, 0, CLI_OPT_BUFFERED_IO},               \
+        {"io-threads", 1, 0, CLI_OPT_IO_THREADS}
+
+#define CLI_STORAGE_USAGE                                                                                       \
+    "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
+    "  --cache-slots N   exactly N expert cache slots\n"                                                       \
+    "  --spine-stream    stream every layer's spine even if it fits\n"                                         \
+    "  --buffered-io     buffered reads + fadvise(DONTNEED) instead of O_DIRECT\n"                              \
+    "  --io-threads N    I/O threads (default 8)\n"
+
+/* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
+int cli_parse_bytes(const char *s, uint64_t *out);
+/* Applies option code c (from CLI_STORAGE_LONGOPTS) to o: 1 handled, 0 not a storage option, -1 bad value
+ * (a message was printed). */
+int cli_storage_opt(int c, const char *arg, df_engine_opts *o);
+
+#endif
