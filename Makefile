@@ -62,7 +62,7 @@ tests-build: $(BIN) $(B)/asan/deltafin $(TEST_BIN)
 run: 
 	@bash scripts/install-deps.sh --if-missing
 	@$(MAKE) --no-print-directory deltafin
-	./deltafin run --demo
+	./deltafin run -p "The old man looked at the river and said" -n 60
 
 test: tests-build
 	@bash tests/run.sh

@@ -128,6 +128,7 @@ int cmd_run(int argc, char **argv) {
     }
     if (out.reasoning_open) fputs("\033[0m", stdout);
     if (res.ids.n) fputs("\n", stdout);
+    fflush(stdout);
     if (rc) {
         fprintf(stderr, "deltafin run: %s\n", err.msg);
     } else {
