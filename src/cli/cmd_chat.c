@@ -93,9 +93,16 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     int rc = turn_delta(m, log, first, &delta, err);
     if (!rc) rc = cli_prefill(m, delta.v, (int)delta.n, err);
     int32_t eos = df_engine_info(m->eng)->eos_id;
+    /* leave room for the answer and its closing end-of-message token */
+    int64_t room = df_engine_info(m->eng)->max_context - df_session_pos(m->s) - 2;
+    if (!rc && room < 1) {
+        df_error_set(err, DF_EINVAL, "the conversation fills the model's context of %lld tokens; /reset starts over",
+                     (long long)df_engine_info(m->eng)->max_context);
+        rc = DF_EINVAL;
+    }
     if (!rc) {
         gen_config gc = {.tok = m->tok, .chat = 1, .fmt = m->fmt, .in_reasoning = m->fmt == CHAT_K3,
-                         .max_tokens = go->max_tokens, .eos_id = eos, .sp = go->sp};
+                         .max_tokens = go->max_tokens < room ? go->max_tokens : (int)room, .eos_id = eos, .sp = go->sp};
         rc = gen_run(m->s, &gc, m->logits, m->n_vocab, chat_event, &out, &res, err);
         if (rc == DF_ECANCELLED) {
             fputs(out.reasoning_open ? "\033[0m [stopped]" : " [stopped]", stdout);
@@ -115,7 +122,8 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
         tokenizer_decode(m->tok, res.ids.v, res.ids.n, &text, &len, &cap, err);
         chat_log_push(log, "assistant", text ? text : "");
         free(text);
-        fprintf(stderr, "(%zu tokens, %.2f tokens/s)\n", res.ids.n, res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
+        fprintf(stderr, "(fed %zu new prompt tokens, context %lld; generated %zu tokens, %.2f tokens/s)\n", delta.n,
+                (long long)df_session_pos(m->s), res.ids.n, res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
     }
     tok_ids_free(&delta);
     tok_ids_free(&res.ids);
@@ -172,7 +180,12 @@ int cmd_chat(int argc, char **argv) {
         } else if (*line) {
             chat_log_push(&log, "user", line);
             rc = chat_turn(&m, &log, &go, &err);
-            if (rc == DF_ECANCELLED) {     /* stopped during the prefill: the session was reset */
+            if (rc == DF_EINVAL) {          /* e.g. the context is full: say so and keep the program */
+                fprintf(stderr, "deltafin chat: %s\n", err.msg);
+                log.n--;
+                free((char *)log.v[log.n].content);
+                rc = DF_OK;
+            } else if (rc == DF_ECANCELLED) {     /* stopped during the prefill: the session was reset */
                 fputs("[stopped; conversation restarted]\n", stdout);
                 chat_log_clear(&log);
                 if (system) chat_log_push(&log, "system", system);

@@ -121,8 +121,10 @@ int cmd_run(int argc, char **argv) {
     if (!rc) rc = cli_prefill(&m, prompt.v, (int)prompt.n, &err);
     if (!rc) {
         t1 = df_now();
+        int64_t room = df_engine_info(m.eng)->max_context - df_session_pos(m.s) + 1;   /* the last is not fed */
         gen_config gc = {.tok = ids ? NULL : m.tok, .chat = chat, .fmt = m.fmt, .in_reasoning = chat && m.fmt == CHAT_K3,
-                         .max_tokens = go.max_tokens, .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
+                         .max_tokens = go.max_tokens < room ? go.max_tokens : (int)room,
+                         .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
         rc = gen_run(m.s, &gc, m.logits, m.n_vocab, run_event, &out, &res, &err);
         if (rc == DF_ECANCELLED) rc = DF_OK;
     }
