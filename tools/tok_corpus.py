@@ -3,7 +3,8 @@
   hard_strings.jsonl, fuzz_strings.jsonl   corpora, one JSON string per line (valid UTF-8 only: tiktoken takes
                                            str; invalid UTF-8 is tested in test_tokenizer.c / test_tokenize.sh)
   *.tiktoken.gz                            cl100k_base / o200k_base ranks exported from the npm tiktoken package
-  expected/VOCAB-PATTERN[-special].*.jsonl ids from the real tiktoken (tools/tok_ref.js)
+  expected/VOCAB-PATTERN[-special].*.jsonl ids from the real tiktoken (tools/tok_ref.js); VOCAB default =
+                                           models/default/tiktoken.model
   tiny_k3/, tiny_k2/                       byte-level model folders for the chat golden tests
 Run from the repository root after `npm install` in tools/:  python3 tools/tok_corpus.py"""
 import base64
@@ -119,6 +120,10 @@ def main():
                 with open(name, "w") as f:
                     subprocess.run(ref + ["ids", vocab, pat, f"{d}/{corpus}.jsonl"] + (["--special"] if special else []),
                                    check=True, stdout=f)
+    for corpus in ("hard_strings", "fuzz_strings"):   # the bundled model's own vocabulary, Kimi pattern
+        with open(f"{d}/expected/default-kimi.{corpus}.jsonl", "w") as f:
+            subprocess.run(ref + ["ids", "models/default/tiktoken.model", "kimi", f"{d}/{corpus}.jsonl"],
+                           check=True, stdout=f)
 
 
 if __name__ == "__main__":

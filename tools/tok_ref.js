@@ -7,7 +7,7 @@
 //   node tok_ref.js crosscheck DIR                          js-tiktoken (pure JS, V8 regexes) against the
 //        expected ids in DIR/expected (tests/tokenizer): a second, independent implementation. It differs
 //        from tiktoken where JavaScript's `\s` differs from Unicode White_Space (U+0085, U+FEFF).
-// VOCAB: cl100k_base | o200k_base.  PATTERN: kimi | cl100k | o200k (the Kimi one uses `&&` class
+// VOCAB: cl100k_base | o200k_base | a tiktoken file.  PATTERN: kimi | cl100k | o200k (the Kimi one uses `&&` class
 // intersection, which tiktoken's fancy-regex supports natively, so it is a true reference for ours).
 "use strict";
 const fs = require("fs");
@@ -24,9 +24,16 @@ const KIMI = [
   String.raw`\s+`,
 ].join("|");
 
+// VOCAB may also be a tiktoken-format file (`base64 rank` lines, e.g. models/default/tiktoken.model); it
+// is handed to tiktoken in the package's own ranks format, one token per line.
 function vocab(name) {
-  if (name !== "cl100k_base" && name !== "o200k_base") throw new Error(`unknown vocabulary ${name}`);
-  return require(`tiktoken/encoders/${name}.json`);
+  if (name === "cl100k_base" || name === "o200k_base") return require(`tiktoken/encoders/${name}.json`);
+  if (!fs.existsSync(name)) throw new Error(`unknown vocabulary ${name}`);
+  const lines = fs.readFileSync(name, "utf8").split("\n").filter(Boolean).map((l) => {
+    const [tok, rank] = l.split(" ");
+    return `! ${rank} ${tok}`;
+  });
+  return { bpe_ranks: lines.join("\n"), special_tokens: {}, pat_str: KIMI };
 }
 
 function pattern(name) {

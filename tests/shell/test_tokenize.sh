@@ -14,6 +14,7 @@ bad() { echo "not ok - $1"; }
 check() { if [ "$2" = "$3" ]; then ok "$1"; else bad "$1: got '$2' want '$3'"; fi; }
 
 for v in cl100k_base o200k_base; do gzip -dc "$T/$v.tiktoken.gz" >"$tmp/$v.tiktoken"; done
+cp models/default/tiktoken.model "$tmp/default.tiktoken"     # the bundled model's own vocabulary
 
 for exp in "$T"/expected/*.jsonl; do
     name=$(basename "$exp" .jsonl)           # VOCAB-PATTERN[-special].CORPUS
