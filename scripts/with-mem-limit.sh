@@ -10,7 +10,7 @@ if [ $# -lt 3 ] || [ "$2" != "--" ]; then
     exit 2
 fi
 gb=$1; shift 2
-bytes=$(awk -v g="$gb" 'BEGIN { if (g + 0 <= 0) exit 1; printf "%d", g * 1073741824 }') || {
+bytes=$(awk -v g="$gb" 'BEGIN { if (g + 0 <= 0) exit 1; printf "%.0f", g * 1073741824 }') || {
     echo "$0: bad size '$gb' (GiB, e.g. 8 or 9.5)" >&2; exit 2; }
 name="deltafin-mem-$$"
 v2root=""

@@ -20,8 +20,8 @@
 #include "common/util.h"
 #include "storage/budget.h"
 
-#define PROBE_BLOCK (16u << 20)
-#define PROBE_THREADS 4
+#define PROBE_BLOCK (8u << 20)
+#define PROBE_THREADS 8
 
 typedef struct probe {
     int fd;
