@@ -144,3 +144,30 @@ void cli_profile_line(cli_model *m, int index, df_profile *prev) {
             (now.expert_compute - prev->expert_compute) * 1e3, (now.spine_compute - prev->spine_compute) * 1e3);
     *prev = now;
 }
+
+int cli_stream_event(void *ctx, const gen_event *ev) {
+    cli_stream *o = ctx;
+    if (o->ids_only) {
+        printf("%s%d", o->n_tok ? "," : "", ev->id);
+    } else {
+        if (ev->reasoning_len) {
+            if (!o->reasoning_open) fputs("\033[2m", stdout);
+            o->reasoning_open = 1;
+            fwrite(ev->reasoning, 1, ev->reasoning_len, stdout);
+        }
+        if (ev->content_len) {
+            if (o->reasoning_open) fputs("\033[0m\n", stdout);
+            o->reasoning_open = 0;
+            fwrite(ev->content, 1, ev->content_len, stdout);
+        }
+    }
+    fflush(stdout);
+    if (o->profile) cli_profile_line(o->m, o->n_tok, &o->prof);
+    o->n_tok++;
+    return cli_sigint_pending();
+}
+
+void cli_stream_end(cli_stream *o) {
+    if (o->reasoning_open) fputs("\033[0m", stdout);
+    o->reasoning_open = 0;
+}

@@ -44,6 +44,18 @@ int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err);
 void cli_sigint_block(void);
 int cli_sigint_pending(void);     /* consumes a pending Ctrl-C; 1 if there was one */
 
+/* Streams generated text to stdout (reasoning dimmed, then the answer), or ids when ids_only; with profile,
+ * a line per token on stderr. A gen_event_fn; returns non-zero on Ctrl-C. */
+typedef struct cli_stream {
+    cli_model *m;
+    int ids_only, profile;
+    int reasoning_open, n_tok;
+    df_profile prof;
+} cli_stream;
+int cli_stream_event(void *ctx, const gen_event *ev);
+/* Closes an open reasoning span (after a stopped answer). */
+void cli_stream_end(cli_stream *o);
+
 /* Prints one line per generated token: the phase times since the previous call, i.e. of the evaluation
  * that produced this token's logits (the prefill for token 0). */
 void cli_profile_line(cli_model *m, int index, df_profile *prev);

@@ -10,30 +10,6 @@
 #include "cli_gen.h"
 #include "common/util.h"
 
-typedef struct {
-    cli_model *m;
-    int reasoning_open, profile, n_tok;
-    df_profile prof;
-} chat_out;
-
-static int chat_event(void *ctx, const gen_event *ev) {
-    chat_out *o = ctx;
-    if (ev->reasoning_len) {
-        if (!o->reasoning_open) fputs("\033[2m", stdout);
-        o->reasoning_open = 1;
-        fwrite(ev->reasoning, 1, ev->reasoning_len, stdout);
-    }
-    if (ev->content_len) {
-        if (o->reasoning_open) fputs("\033[0m\n", stdout);
-        o->reasoning_open = 0;
-        fwrite(ev->content, 1, ev->content_len, stdout);
-    }
-    fflush(stdout);
-    if (o->profile) cli_profile_line(o->m, o->n_tok, &o->prof);
-    o->n_tok++;
-    return cli_sigint_pending();
-}
-
 /* The conversation so far, as the renderer sees it. Strings are owned. */
 typedef struct {
     chat_message *v;
@@ -88,7 +64,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     int first = df_session_pos(m->s) == 0;
     tok_ids delta = {0};
     gen_result res = {0};
-    chat_out out = {.m = m, .profile = go->profile};
+    cli_stream out = {.m = m, .profile = go->profile};
     df_engine_profile(m->eng, &out.prof);
     int rc = turn_delta(m, log, first, &delta, err);
     if (!rc) rc = cli_prefill(m, delta.v, (int)delta.n, err);
@@ -103,10 +79,10 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     if (!rc) {
         gen_config gc = {.tok = m->tok, .chat = 1, .fmt = m->fmt, .in_reasoning = m->fmt == CHAT_K3,
                          .max_tokens = go->max_tokens < room ? go->max_tokens : (int)room, .eos_id = eos, .sp = go->sp};
-        rc = gen_run(m->s, &gc, m->logits, m->n_vocab, chat_event, &out, &res, err);
+        rc = gen_run(m->s, &gc, m->logits, m->n_vocab, cli_stream_event, &out, &res, err);
         if (rc == DF_ECANCELLED) {
-            fputs(out.reasoning_open ? "\033[0m [stopped]" : " [stopped]", stdout);
-            out.reasoning_open = 0;
+            cli_stream_end(&out);
+            fputs(" [stopped]", stdout);
             rc = DF_OK;
         }
         /* feed the last sampled id (or the end-of-message id if the answer did not end by itself) */
@@ -114,7 +90,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
         if (!rc) rc = df_session_eval(m->s, &last, 1, NULL, 0, err);
         if (!rc && last != eos) rc = df_session_eval(m->s, &eos, 1, NULL, 0, err);
     }
-    if (out.reasoning_open) fputs("\033[0m", stdout);
+    cli_stream_end(&out);
     fputs("\n", stdout);
     if (!rc) {
         char *text = NULL;

@@ -9,35 +9,6 @@
 #include "cli_gen.h"
 #include "common/util.h"
 
-typedef struct {
-    cli_model *m;
-    int ids_only, profile, reasoning_open, n_tok;
-    df_profile prof;
-} run_out;
-
-static int run_event(void *ctx, const gen_event *ev) {
-    run_out *o = ctx;
-    static const char dim[] = "\033[2m", plain[] = "\033[0m";
-    if (o->ids_only) {
-        printf("%s%d", o->n_tok ? "," : "", ev->id);
-    } else {
-        if (ev->reasoning_len) {
-            if (!o->reasoning_open) fputs(dim, stdout);
-            o->reasoning_open = 1;
-            fwrite(ev->reasoning, 1, ev->reasoning_len, stdout);
-        }
-        if (ev->content_len) {
-            if (o->reasoning_open) fputs(plain, stdout), fputs("\n", stdout);
-            o->reasoning_open = 0;
-            fwrite(ev->content, 1, ev->content_len, stdout);
-        }
-    }
-    fflush(stdout);
-    if (o->profile) cli_profile_line(o->m, o->n_tok, &o->prof);
-    o->n_tok++;
-    return cli_sigint_pending();
-}
-
 static int parse_ids(const char *s, tok_ids *out) {
     while (*s) {
         char *end;
@@ -116,7 +87,7 @@ int cmd_run(int argc, char **argv) {
     int rc = cli_model_open(&m, &go, !ids, &err);
     if (!rc) rc = run_prompt(&m, text, ids, chat, &prompt, &err);
     double t0 = df_now(), t1 = t0;
-    run_out out = {.m = &m, .ids_only = ids != NULL, .profile = go.profile};
+    cli_stream out = {.m = &m, .ids_only = ids != NULL, .profile = go.profile};
     if (!rc) df_engine_profile(m.eng, &out.prof);   /* token 0's profile line then covers the prefill */
     if (!rc) rc = cli_prefill(&m, prompt.v, (int)prompt.n, &err);
     if (!rc) {
@@ -125,10 +96,10 @@ int cmd_run(int argc, char **argv) {
         gen_config gc = {.tok = ids ? NULL : m.tok, .chat = chat, .fmt = m.fmt, .in_reasoning = chat && m.fmt == CHAT_K3,
                          .max_tokens = go.max_tokens < room ? go.max_tokens : (int)room,
                          .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
-        rc = gen_run(m.s, &gc, m.logits, m.n_vocab, run_event, &out, &res, &err);
+        rc = gen_run(m.s, &gc, m.logits, m.n_vocab, cli_stream_event, &out, &res, &err);
         if (rc == DF_ECANCELLED) rc = DF_OK;
     }
-    if (out.reasoning_open) fputs("\033[0m", stdout);
+    cli_stream_end(&out);
     if (res.ids.n) fputs("\n", stdout);
     fflush(stdout);
     if (rc) {
