@@ -370,7 +370,7 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
     sample_params_default(&r->sp);
     pctx c = {r, err, lim};
     json_error_t je;
-    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!root) {
         srv_err_set(err, 400, "invalid_request_error", "invalid_json", NULL,
                     "The request body is not valid JSON (line %d, column %d: %s).", je.line, je.column, je.text);

@@ -194,8 +194,9 @@ char *respond_final_json(const srv *s, srv_job *j) {
 }
 
 char *respond_models_json(const srv *s, const char *only_id) {
-    json_t *m = json_pack("{s:s,s:s,s:I,s:s}", "id", s->model_id, "object", "model", "created",
-                          (json_int_t)s->started, "owned_by", "deltafin");
+    json_t *m = json_pack("{s:s,s:s,s:I,s:s,s:I}", "id", s->model_id, "object", "model", "created",
+                          (json_int_t)s->started, "owned_by", "deltafin", "context_length",
+                          (json_int_t)s->info->max_context);
     json_t *o = only_id ? m : json_pack("{s:s,s:[o]}", "object", "list", "data", m);
     char *t = json_dumps(o, JSON_COMPACT);
     json_decref(o);
