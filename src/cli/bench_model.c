@@ -185,9 +185,13 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    if (!opts.model_dir) opts.model_dir = cli_default_model();
+    if (!opts.model_dir) {   /* a benchmark names what it measures */
+        fprintf(stderr, "deltafin bench: -m DIR is required (or `deltafin bench kernels`)\n");
+        usage(stderr);
+        return 2;
+    }
     bench_result r = {.n = n, .prompt = prompt};
-    char perr[512] = "";
+    char perr[8192] = "";
     r.disk_gbps = probe_disk(opts.model_dir, (uint64_t)(probe_gb * 1e9), &r.probe_bytes, perr, sizeof perr);
     if (r.disk_gbps <= 0) {
         fprintf(stderr, "deltafin bench: %s\n", perr);
