@@ -5,13 +5,11 @@
 #include "layer.h"
 #include "common/util.h"
 
-#define ATTN_RES_MAX_CANDIDATES 256
-
 void attn_res(const float *const *blocks, int nb, const float *p, const float *w_norm, const float *w_proj,
               int T, int d, float eps, float *out) {
-    float a[ATTN_RES_MAX_CANDIDATES];
+    float a[CONFIG_MAX_ATTN_RES_BLOCKS];
     int n = nb + 1;
-    DF_ASSERT(n <= ATTN_RES_MAX_CANDIDATES);
+    DF_ASSERT(n <= CONFIG_MAX_ATTN_RES_BLOCKS);
     for (int t = 0; t < T; t++) {
         for (int j = 0; j < n; j++) {
             const float *v = (j < nb ? blocks[j] : p) + (int64_t)t * d;

@@ -190,6 +190,16 @@ static int cfg_check(cfg_reader *r, df_config *c) {
                      "num_experts %d)", r->path, c->n_group, c->topk_group, c->n_experts);
         return -1;
     }
+    if (c->n_group > CONFIG_MAX_EXPERT_GROUPS) {
+        df_error_set(r->err, DF_EUNSUPPORTED, "%s: num_expert_group %d exceeds %d", r->path, c->n_group,
+                     CONFIG_MAX_EXPERT_GROUPS);
+        return -1;
+    }
+    if (c->attn_res_block < 0 || (c->attn_res_block && c->n_layers / c->attn_res_block + 2 > CONFIG_MAX_ATTN_RES_BLOCKS)) {
+        df_error_set(r->err, DF_EUNSUPPORTED, "%s: attn_res_block_size %d gives more than %d blocks", r->path,
+                     c->attn_res_block, CONFIG_MAX_ATTN_RES_BLOCKS);
+        return -1;
+    }
     if (c->n_group > 1 && c->n_experts / c->n_group < 2) {
         df_error_set(r->err, DF_EFORMAT, "%s: grouped routing needs at least 2 experts per group", r->path);
         return -1;

@@ -58,9 +58,8 @@ static void route_token(const df_config *c, const float *s, const float *bias, i
     for (int e = 0; e < E; e++) choice[e] = s[e] + bias[e];
     if (G > 1 && c->topk_group < G) {
         int per = E / G;
-        float gs[1024];
-        uint8_t gtaken[1024] = {0};
-        DF_ASSERT(G <= 1024);
+        float gs[CONFIG_MAX_EXPERT_GROUPS];
+        uint8_t gtaken[CONFIG_MAX_EXPERT_GROUPS] = {0};
         for (int g = 0; g < G; g++) {       /* group score: sum of its two best choices */
             float a = -INFINITY, b = -INFINITY;
             for (int e = g * per; e < (g + 1) * per; e++) {
