@@ -45,6 +45,7 @@ typedef struct df_engine_opts {
     int spine_stream;         /* 1: stream every layer's spine through two buffers even when it would fit */
     int buffered_io;          /* 1: buffered reads + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;           /* I/O threads; 0 = 8 */
+    const char *remote_url;   /* issue 6: a partial install streams missing experts from this repository URL */
 } df_engine_opts;
 
 typedef struct df_model_info {

@@ -29,7 +29,7 @@ void cli_gen_opts_default(cli_gen_opts *o);
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
 /* The getopt_long entries cli_gen_parse understands (short options: m: n: t:); terminated by a zero entry
  * at index CLI_GEN_N_LONGOPTS. */
-#define CLI_GEN_N_LONGOPTS 9
+#define CLI_GEN_N_LONGOPTS 10
 extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
 const char *cli_gen_usage(void);
 

@@ -48,6 +48,7 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
             return -1;
         }
         return 1;
+    case CLI_OPT_REMOTE: o->remote_url = arg; return 1;
     default: return 0;
     }
 }

@@ -7,19 +7,21 @@
 #include <stdint.h>
 #include "deltafin.h"
 
-enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS };
+enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
+       CLI_OPT_REMOTE };
 
 #define CLI_STORAGE_LONGOPTS                                                                                    \
     {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
         {"spine-stream", 0, 0, CLI_OPT_SPINE_STREAM}, {"buffered-io", 0, 0, CLI_OPT_BUFFERED_IO},               \
-        {"io-threads", 1, 0, CLI_OPT_IO_THREADS}
+        {"io-threads", 1, 0, CLI_OPT_IO_THREADS}, {"remote", 1, 0, CLI_OPT_REMOTE}
 
 #define CLI_STORAGE_USAGE                                                                                       \
     "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
     "  --cache-slots N   exactly N expert cache slots\n"                                                       \
     "  --spine-stream    stream every layer's spine even if it fits\n"                                         \
     "  --buffered-io     buffered reads + fadvise(DONTNEED) instead of O_DIRECT\n"                              \
-    "  --io-threads N    I/O threads (default 8)\n"
+    "  --io-threads N    I/O threads (default 8)\n"                                                          \
+    "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"
 
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);

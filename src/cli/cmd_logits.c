@@ -11,12 +11,13 @@
 #include "common/util.h"
 
 static void usage(void) {
-    fprintf(stderr, "usage: deltafin logits -m DIR --prompt prompt.json -o out.f32 [--threads N]\n");
+    fprintf(stderr, "usage: deltafin logits -m DIR --prompt prompt.json -o out.f32 [--threads N] [--remote URL]\n");
 }
 
 int cmd_logits(int argc, char **argv) {
     static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"output", 1, 0, 'o'},
-                                             {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                             {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'}, {"remote", 1, 0, 'r'},
+                                             {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     const char *prompt = NULL, *outp = NULL;
@@ -27,6 +28,7 @@ int cmd_logits(int argc, char **argv) {
         case 'p': prompt = optarg; break;
         case 'o': outp = optarg; break;
         case 't': opts.n_threads = atoi(optarg); break;
+        case 'r': opts.remote_url = optarg; break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }

@@ -30,6 +30,7 @@ typedef struct store_opts {
     int spine_stream;        /* 1: stream every layer's spine through two buffers even if it would fit */
     int buffered_io;         /* 1: buffered pread + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;          /* I/O pool size; 0 = 8 */
+    const char *remote_url;  /* partial install: fetch missing experts from here (remote.h); NULL = none */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */

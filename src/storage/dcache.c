@@ -1,0 +1,383 @@
+/* dcache.c — the install manifest and the expert disk cache of a partial install (see dcache.h). */
+#include "dcache.h"
+
+#include <dirent.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <jansson.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+#include "io.h"
+
+#define DC_CACHE_DIR ".deltafin/cache"
+#define DC_TMP_PREFIX ".tmp-"
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Files */
+
+int dc_mkdir_p(const char *path, df_error *err) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST) {
+            df_error_set(err, DF_EIO, "%s: cannot create folder: %s", p, strerror(errno));
+            free(p);
+            return DF_EIO;
+        }
+        if (!c) break;
+        *s = c;
+    }
+    free(p);
+    return DF_OK;
+}
+
+static int dc_fsync_dir(const char *path) {
+    char *d = xstrdup(path);
+    char *slash = strrchr(d, '/');
+    if (slash) *slash = 0;
+    int fd = open(slash ? d : ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    int rc = fd >= 0 && fsync(fd) == 0 ? 0 : -1;
+    if (fd >= 0) close(fd);
+    free(d);
+    return rc;
+}
+
+static int dc_write_all(int fd, const uint8_t *p, size_t n) {
+    while (n) {
+        ssize_t w = write(fd, p, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
+        p += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len, df_error *err) {
+    size_t pl = strlen(path);
+    char *tmp = xmalloc(pl + 64);
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path + 1) : 0;
+    snprintf(tmp, pl + 64, "%.*s" DC_TMP_PREFIX "%ld-XXXXXX", (int)dl, path, (long)getpid());
+    int fd = mkstemp(tmp);
+    if (fd < 0) {
+        df_error_set(err, DF_EIO, "%s: cannot create a temp file next to it: %s", path, strerror(errno));
+        free(tmp);
+        return DF_EIO;
+    }
+    int e = 0;
+    static const uint8_t zeros[IO_ALIGN];
+    if (pad) e = dc_write_all(fd, zeros, (size_t)DF_MIN(pad, sizeof zeros));
+    if (!e) e = dc_write_all(fd, data, len);
+    if (!e && fchmod(fd, 0644)) e = errno;
+    if (!e && fsync(fd)) e = errno;
+    if (close(fd) && !e) e = errno;
+    if (!e && rename(tmp, path)) e = errno;
+    if (!e) dc_fsync_dir(path);
+    if (e) {
+        unlink(tmp);
+        df_error_set(err, DF_EIO, "%s: %s%s (nothing written)", path,
+                     e == ENOSPC || e == EFBIG || e == EDQUOT ? "disk full: " : "write failed: ", strerror(e));
+    }
+    free(tmp);
+    return e ? DF_EIO : DF_OK;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Manifest */
+
+static const char *const dc_state_names[] = {"pending", "spine", "complete"};
+
+void dc_manifest_free(dc_manifest *m) {
+    for (int i = 0; i < m->n; i++) {
+        free(m->shards[i].name);
+        free(m->shards[i].holes);
+    }
+    free(m->shards);
+    free(m->source);
+    memset(m, 0, sizeof *m);
+}
+
+dc_shard *dc_manifest_find(const dc_manifest *m, const char *name) {
+    for (int i = 0; i < m->n; i++)
+        if (!strcmp(m->shards[i].name, name)) return &m->shards[i];
+    return NULL;
+}
+
+int dc_shard_hole(const dc_shard *s, uint64_t off, uint64_t len) {
+    int lo = 0, hi = s->n_holes;   /* first hole ending after off */
+    while (lo < hi) {
+        int mid = (lo + hi) / 2;
+        if (s->holes[mid].off + s->holes[mid].len <= off) lo = mid + 1;
+        else hi = mid;
+    }
+    if (lo == s->n_holes || s->holes[lo].off >= off + len) return -1;
+    const dc_span *h = &s->holes[lo];
+    return h->off <= off && off + len <= h->off + h->len ? lo : -2;
+}
+
+static int dc_bad(const char *path, const char *what, df_error *err) {
+    return df_error_set(err, DF_EFORMAT, "%s: %s (rerun deltafin fetch to rebuild it)", path, what), DF_EFORMAT;
+}
+
+static int dc_cmp_span(const void *a, const void *b) {
+    const dc_span *x = a, *y = b;
+    return x->off < y->off ? -1 : x->off > y->off;
+}
+
+static int dc_parse_shard(json_t *js, dc_shard *s, const char *path, df_error *err) {
+    const char *name = json_string_value(json_object_get(js, "name"));
+    const char *state = json_string_value(json_object_get(js, "state"));
+    json_t *size = json_object_get(js, "size"), *holes = json_object_get(js, "holes");
+    if (!name || !state || !json_is_integer(size) || json_integer_value(size) < 0 || !json_is_array(holes))
+        return dc_bad(path, "shard entry lacks name, state, size or holes", err);
+    s->name = xstrdup(name);
+    s->size = (uint64_t)json_integer_value(size);
+    s->state = -1;
+    for (int k = 0; k < 3; k++)
+        if (!strcmp(state, dc_state_names[k])) s->state = k;
+    if (s->state < 0) return dc_bad(path, "unknown shard state", err);
+    s->n_holes = (int)json_array_size(holes);
+    s->holes = xcalloc((size_t)s->n_holes + 1, sizeof *s->holes);
+    for (int i = 0; i < s->n_holes; i++) {
+        json_t *h = json_array_get(holes, (size_t)i);
+        json_t *o = json_array_get(h, 0), *l = json_array_get(h, 1);
+        if (!json_is_integer(o) || !json_is_integer(l) || json_integer_value(o) < 0 || json_integer_value(l) <= 0)
+            return dc_bad(path, "bad hole", err);
+        s->holes[i] = (dc_span){(uint64_t)json_integer_value(o), (uint64_t)json_integer_value(l)};
+    }
+    qsort(s->holes, (size_t)s->n_holes, sizeof *s->holes, dc_cmp_span);
+    for (int i = 0; i < s->n_holes; i++)
+        if ((i && s->holes[i - 1].off + s->holes[i - 1].len > s->holes[i].off) ||
+            s->holes[i].off + s->holes[i].len > s->size)
+            return dc_bad(path, "holes overlap or lie past the end of the shard", err);
+    return DF_OK;
+}
+
+int dc_manifest_load(const char *dir, dc_manifest *m, int *found, df_error *err) {
+    memset(m, 0, sizeof *m);
+    *found = 0;
+    char *path = df_path_join(dir, DC_MANIFEST);
+    if (access(path, F_OK)) {
+        free(path);
+        return DF_OK;
+    }
+    *found = 1;
+    json_error_t je;
+    json_t *root = json_load_file(path, 0, &je);
+    int rc = DF_OK;
+    json_t *shards = root ? json_object_get(root, "shards") : NULL;
+    if (!root || !json_is_array(shards)) {
+        rc = dc_bad(path, root ? "no \"shards\" array" : je.text, err);
+    } else {
+        const char *src = json_string_value(json_object_get(root, "source"));
+        m->source = src ? xstrdup(src) : NULL;
+        m->n = (int)json_array_size(shards);
+        m->shards = xcalloc((size_t)m->n + 1, sizeof *m->shards);
+        for (int i = 0; i < m->n && !rc; i++) rc = dc_parse_shard(json_array_get(shards, (size_t)i), &m->shards[i], path, err);
+    }
+    json_decref(root);
+    free(path);
+    if (rc) dc_manifest_free(m);
+    return rc;
+}
+
+int dc_manifest_save(const char *dir, const dc_manifest *m, df_error *err) {
+    json_t *root = json_object(), *shards = json_array();
+    json_object_set_new(root, "version", json_integer(1));
+    if (m->source) json_object_set_new(root, "source", json_string(m->source));
+    for (int i = 0; i < m->n; i++) {
+        const dc_shard *s = &m->shards[i];
+        json_t *js = json_object(), *holes = json_array();
+        json_object_set_new(js, "name", json_string(s->name));
+        json_object_set_new(js, "size", json_integer((json_int_t)s->size));
+        json_object_set_new(js, "state", json_string(dc_state_names[s->state]));
+        for (int h = 0; h < s->n_holes && s->state != DC_COMPLETE; h++)
+            json_array_append_new(holes, json_pack("[II]", (json_int_t)s->holes[h].off, (json_int_t)s->holes[h].len));
+        json_object_set_new(js, "holes", holes);
+        json_array_append_new(shards, js);
+    }
+    json_object_set_new(root, "shards", shards);
+    char *text = json_dumps(root, JSON_COMPACT);
+    json_decref(root);
+    char *sd = df_path_join(dir, DC_STATE_DIR);
+    int rc = dc_mkdir_p(sd, err);
+    free(sd);
+    char *path = df_path_join(dir, DC_MANIFEST);
+    if (!rc) rc = dc_write_atomic(path, 0, text, strlen(text), err);
+    free(path);
+    free(text);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Cache entries */
+
+struct dcache {
+    char *root;          /* DIR/.deltafin/cache */
+    uint64_t min_free;
+};
+
+/* Removes temp files whose writer is gone (the pid in the name no longer runs). */
+static void dc_clean_temps(const char *folder, int depth) {
+    DIR *d = opendir(folder);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = df_path_join(folder, de->d_name);
+        long pid;
+        if (!strncmp(de->d_name, DC_TMP_PREFIX, strlen(DC_TMP_PREFIX)) &&
+            sscanf(de->d_name + strlen(DC_TMP_PREFIX), "%ld-", &pid) == 1 && pid > 0 &&
+            kill((pid_t)pid, 0) && errno == ESRCH)
+            unlink(p);
+        else if (de->d_type == DT_DIR && depth < 8)
+            dc_clean_temps(p, depth + 1);
+        free(p);
+    }
+    closedir(d);
+}
+
+int dcache_open(dcache **out, const char *dir, uint64_t min_free, df_error *err) {
+    dcache *c = xcalloc(1, sizeof *c);
+    c->root = df_path_join(dir, DC_CACHE_DIR);
+    c->min_free = min_free;
+    dc_clean_temps(c->root, 0);
+    char *sd = df_path_join(dir, DC_STATE_DIR);
+    dc_clean_temps(sd, 8);   /* the manifest's temp files (not the cache again) */
+    free(sd);
+    *out = c;
+    (void)err;
+    return DF_OK;
+}
+
+void dcache_free(dcache *c) {
+    if (!c) return;
+    free(c->root);
+    free(c);
+}
+
+char *dcache_entry_path(const dcache *c, const char *shard, dc_span e) {
+    size_t n = strlen(c->root) + strlen(shard) + 64;
+    char *p = xmalloc(n);
+    snprintf(p, n, "%s/%s/%llu-%llu", c->root, shard, (unsigned long long)e.off, (unsigned long long)e.len);
+    return p;
+}
+
+int dcache_has(const dcache *c, const char *shard, dc_span e) {
+    char *p = dcache_entry_path(c, shard, e);
+    struct stat sb;
+    int ok = stat(p, &sb) == 0 && (uint64_t)sb.st_size == e.off % IO_ALIGN + e.len;
+    free(p);
+    return ok;
+}
+
+static int dc_pread_all(int fd, uint8_t *dst, uint64_t want, uint64_t pos, uint64_t *got) {
+    *got = 0;
+    while (*got < want) {
+        ssize_t r = pread(fd, dst + *got, want - *got, (off_t)(pos + *got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return errno;
+        if (r == 0) break;
+        *got += (uint64_t)r;
+    }
+    return 0;
+}
+
+int dcache_read(dcache *c, const char *shard, dc_span e, uint64_t off, uint64_t len, uint8_t *dst, const char *what,
+                df_error *err) {
+    DF_ASSERT(off >= e.off && off + len <= e.off + e.len);
+    char *path = dcache_entry_path(c, shard, e);
+    uint64_t base = e.off - e.off % IO_ALIGN, head = off % IO_ALIGN, pos = off - base - head, got = 0;
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT), e1 = 0;
+    if (fd >= 0) {
+        e1 = dc_pread_all(fd, dst, io_span_bytes(off, len), pos, &got);
+        close(fd);
+    }
+    if (fd < 0 || got < head + len) {   /* no O_DIRECT here (tmpfs), or refused: read buffered */
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        e1 = fd < 0 ? errno : dc_pread_all(fd, dst + head, len, off - base, &got);
+        if (fd >= 0) close(fd);
+        if (!e1 && got < len) e1 = -1;
+        else got += head;
+    }
+    int rc = DF_OK;
+    if (e1)
+        rc = (df_error_set(err, DF_EIO, "%s: reading cached %s failed: %s", path, what,
+                           e1 < 0 ? "entry shorter than its name says" : strerror(e1)), DF_EIO);
+    free(path);
+    return rc;
+}
+
+int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, const char *what, df_error *err) {
+    char *path = dcache_entry_path(c, shard, e);
+    char *folder = xstrdup(path);
+    *strrchr(folder, '/') = 0;
+    int rc = dc_mkdir_p(folder, err);
+    struct statvfs vs;
+    uint64_t need = e.off % IO_ALIGN + e.len;
+    if (!rc && statvfs(folder, &vs) == 0 && (uint64_t)vs.f_bavail * vs.f_frsize < need + c->min_free)
+        rc = (df_error_set(err, DF_EIO, "%s: disk full: caching %s needs %llu bytes, %llu free (keeping %llu free)",
+                           path, what, (unsigned long long)need, (unsigned long long)vs.f_bavail * vs.f_frsize,
+                           (unsigned long long)c->min_free), DF_EIO);
+    if (!rc) {
+        rc = dc_write_atomic(path, e.off % IO_ALIGN, data, e.len, err);
+        if (rc) {
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            df_error_set(err, rc, "caching %s: %s", what, inner);
+        }
+    }
+    free(folder);
+    free(path);
+    return rc;
+}
+
+static void dc_remove_tree(const char *path) {
+    DIR *d = opendir(path);
+    if (!d) {
+        unlink(path);
+        return;
+    }
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
+        char *p = df_path_join(path, de->d_name);
+        dc_remove_tree(p);
+        free(p);
+    }
+    closedir(d);
+    rmdir(path);
+}
+
+void dcache_drop_shard(dcache *c, const char *shard) {
+    char *p = df_path_join(c->root, shard);
+    dc_remove_tree(p);
+    free(p);
+}
+
+void dcache_shard_usage(const dcache *c, const char *shard, uint64_t *entries, uint64_t *bytes) {
+    *entries = *bytes = 0;
+    char *p = df_path_join(c->root, shard);
+    DIR *d = opendir(p);
+    struct dirent *de;
+    while (d && (de = readdir(d))) {
+        unsigned long long o, l;
+        char tail;
+        if (sscanf(de->d_name, "%llu-%llu%c", &o, &l, &tail) == 2) {
+            (*entries)++;
+            *bytes += l;
+        }
+    }
+    if (d) closedir(d);
+    free(p);
+}

@@ -1,0 +1,214 @@
+#!/usr/bin/env python3
+"""Test HTTP server for deltafin's remote fetch: serves a folder in the Hugging Face hub layout
+(/{org}/{name}/resolve/{rev}/{file}) on 127.0.0.1 with HTTP/1.1 keep-alive and byte ranges, counts
+connections and requests, and misbehaves on command.
+
+  server.py --root DIR --port-file F [--redirect]
+
+Control endpoints (not counted):
+  /_stats            JSON {"connections", "requests", "range_requests", "bytes", "paths": {path: n}}
+  /_reset            zero the counters
+  /_fault?mode=M&count=N[&match=S][&arg=X]
+                     the next N range requests whose path contains S answer with fault M:
+                     reset (half the body, then a TCP reset), 500, 503 (Retry-After: arg when given),
+                     200 (whole file instead of 206), badrange (Content-Range off by one), short (a
+                     Content-Length and body half as long), stall (half the body, then silence for arg s),
+                     404
+--redirect answers every file with a 302 to /cdn/{file}?sig=1 (as the hub does to its CDN).
+Only standard-library modules: the test machines have no pip packages."""
+import argparse
+import json
+import os
+import socket
+import struct
+import sys
+import threading
+import time
+import urllib.parse
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+
+class State:
+    def __init__(self, root, redirect):
+        self.root = os.path.realpath(root)
+        self.redirect = redirect
+        self.lock = threading.Lock()
+        self.faults = []          # [mode, count, match, arg]
+        self.reset()
+
+    def reset(self):
+        self.connections = 0
+        self.requests = 0
+        self.range_requests = 0
+        self.bytes = 0
+        self.paths = {}
+
+    def take_fault(self, path):
+        with self.lock:
+            for f in self.faults:
+                if f[1] > 0 and f[2] in path:
+                    f[1] -= 1
+                    return f[0], f[3]
+        return None, None
+
+
+class Handler(BaseHTTPRequestHandler):
+    protocol_version = "HTTP/1.1"
+    server_version = "deltafin-test"
+
+    def setup(self):
+        super().setup()
+        with self.server.state.lock:
+            self.server.state.connections += 1
+
+    def log_message(self, fmt, *args):
+        pass
+
+    def send_json(self, obj):
+        body = json.dumps(obj).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def control(self, url):
+        st = self.server.state
+        q = urllib.parse.parse_qs(url.query)
+        if url.path == "/_stats":
+            with st.lock:
+                self.send_json({"connections": st.connections, "requests": st.requests,
+                                "range_requests": st.range_requests, "bytes": st.bytes, "paths": dict(st.paths)})
+        elif url.path == "/_reset":
+            with st.lock:
+                st.reset()
+                st.faults = []
+            self.send_json({"ok": True})
+        elif url.path == "/_fault":
+            with st.lock:
+                st.faults.append([q["mode"][0], int(q.get("count", ["1"])[0]), q.get("match", [""])[0],
+                                  q.get("arg", [""])[0]])
+            self.send_json({"ok": True})
+        else:
+            self.send_error(404)
+
+    def file_for(self, path):
+        parts = path.split("/")
+        if len(parts) >= 3 and parts[1] == "cdn":
+            rel = "/".join(parts[2:])
+        elif "resolve" in parts and parts.index("resolve") + 2 < len(parts):
+            rel = "/".join(parts[parts.index("resolve") + 2:])
+        else:
+            return None, None
+        full = os.path.realpath(os.path.join(self.server.state.root, rel))
+        if not full.startswith(self.server.state.root + os.sep) or not os.path.isfile(full):
+            return rel, None
+        return rel, full
+
+    def do_HEAD(self):
+        self.serve(head=True)
+
+    def do_GET(self):
+        self.serve(head=False)
+
+    def serve(self, head):
+        url = urllib.parse.urlparse(self.path)
+        if url.path.startswith("/_"):
+            return self.control(url)
+        st = self.server.state
+        rng = self.headers.get("Range")
+        with st.lock:
+            st.requests += 1
+            st.range_requests += rng is not None
+            st.paths[url.path] = st.paths.get(url.path, 0) + 1
+        rel, full = self.file_for(url.path)
+        if st.redirect and not url.path.startswith("/cdn/") and rel is not None:
+            self.send_response(302)
+            self.send_header("Location", "/cdn/%s?sig=1" % rel)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        mode, arg = st.take_fault(url.path) if rng else (None, None)
+        if full is None or mode == "404":
+            return self.error(404)
+        size = os.path.getsize(full)
+        if mode in ("500", "503"):
+            return self.error(int(mode), retry_after=arg)
+        start, end = 0, size - 1
+        if rng and mode != "200":
+            try:
+                unit, spec = rng.split("=", 1)
+                a, b = spec.split("-", 1)
+                start = int(a)
+                end = min(int(b), size - 1) if b else size - 1
+                assert unit == "bytes" and start <= end
+            except Exception:
+                return self.error(416)
+            if start >= size:
+                return self.error(416)
+        n = end - start + 1
+        partial = rng is not None and mode != "200"
+        self.send_response(206 if partial else 200)
+        self.send_header("Accept-Ranges", "bytes")
+        if partial:
+            shift = 1 if mode == "badrange" else 0
+            self.send_header("Content-Range", "bytes %d-%d/%d" % (start + shift, end + shift, size))
+        body_n = n // 2 if mode == "short" else n
+        self.send_header("Content-Length", str(body_n))
+        self.end_headers()
+        if head:
+            return
+        with open(full, "rb") as f:
+            if mode in ("reset", "stall"):
+                self.send_part(f, start, n // 2)
+                if mode == "stall":
+                    time.sleep(float(arg or 5))
+                self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+                self.connection.close()
+                self.close_connection = True
+                return
+            self.send_part(f, start, body_n)
+
+    def send_part(self, f, start, n):
+        self.wfile.flush()
+        sent = 0
+        while sent < n:
+            k = self.connection.sendfile(f, start + sent, n - sent)
+            if not k:
+                break
+            sent += k
+        with self.server.state.lock:
+            self.server.state.bytes += sent
+
+    def error(self, code, retry_after=""):
+        body = b"error\n"
+        self.send_response(code)
+        if retry_after:
+            self.send_header("Retry-After", retry_after)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--root", required=True)
+    ap.add_argument("--port-file", required=True)
+    ap.add_argument("--redirect", action="store_true")
+    a = ap.parse_args()
+    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    srv.daemon_threads = True
+    srv.state = State(a.root, a.redirect)
+    tmp = a.port_file + ".tmp"
+    with open(tmp, "w") as f:
+        f.write(str(srv.server_address[1]))
+    os.rename(tmp, a.port_file)
+    try:
+        srv.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
