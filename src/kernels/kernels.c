@@ -15,6 +15,7 @@ static int cpu_has(const char *isa) {
     if (!strcmp(isa, "avx2"))   /* every AVX2+FMA CPU also has F16C */
         return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
 #endif
+    if (!strcmp(isa, "amx")) return cpu_has("avx512") && kern_amx_usable();
 #if defined(__aarch64__)
     if (!strcmp(isa, "neon")) return 1;
 #endif
@@ -23,7 +24,7 @@ static int cpu_has(const char *isa) {
 }
 
 int kern_available(const df_kernels **out, int cap) {
-    const df_kernels *cand[] = {kern_avx512(), kern_avx2(), kern_neon(), kern_scalar()};
+    const df_kernels *cand[] = {kern_amx(), kern_avx512(), kern_avx2(), kern_neon(), kern_scalar()};
     int n = 0;
     for (size_t i = 0; i < sizeof cand / sizeof cand[0] && n < cap; i++)
         if (cand[i] && (cand[i] == kern_scalar() || cpu_has(cand[i]->isa))) out[n++] = cand[i];
@@ -82,7 +83,17 @@ void kern_parallel_for(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task)
     parallel_run(kc, n_tasks, pf_plain_run, &p, 1);
 }
 
-void kern_pack_x(const df_tensor *w, const float *x, int n, float *xp) {
+size_t kern_pack_floats(const df_kernels *k, const df_tensor *w, int n) {
+    if (!(k->packed_dtypes & (1u << w->dtype))) return 0;
+    return k->pack_floats ? k->pack_floats(w, n) : (size_t)n * w->shape[1];
+}
+
+void kern_pack_x(const df_kernels *k, const df_tensor *w, const float *x, int n, float *xp) {
+    if (k->pack) k->pack(w, x, n, xp);
+    else kern_pack_x_mxfp4(w, x, n, xp);
+}
+
+void kern_pack_x_mxfp4(const df_tensor *w, const float *x, int n, float *xp) {
     int64_t cols = w->shape[1];
     DF_ASSERT(w->dtype == DF_DT_MXFP4 && cols % 32 == 0);
     for (int64_t i = 0; i < (int64_t)n * cols; i += 32)
@@ -117,9 +128,10 @@ void kern_matmul(df_kern *kc, const df_tensor *w, const float *x, int n, float *
     int64_t rows = w->shape[0], cols = w->shape[1];
     if (rows == 0 || n <= 0) return;
     float *xp = NULL;
-    if (kc->k->packed_dtypes & (1u << w->dtype)) {
-        xp = xmalloc((size_t)n * cols * sizeof(float));
-        kern_pack_x(w, x, n, xp);
+    size_t pack = kern_pack_floats(kc->k, w, n);
+    if (pack) {
+        xp = xmalloc(pack * sizeof(float));
+        kern_pack_x(kc->k, w, x, n, xp);
     }
     mm_job j = {kc->k, w, xp ? xp : x, n, y, rows};
     /* A few tasks per thread so a slow core does not hold the rest up; rows in multiples of 16 so the 4-row

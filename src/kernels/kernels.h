@@ -25,6 +25,10 @@
 typedef struct df_kernels {
     const char *isa;
     unsigned packed_dtypes;   /* bit (1u << dtype): matmul_rows reads x packed by kern_pack_x */
+    /* The ISA's own packing, or both NULL for kern_pack_x_mxfp4's layout: pack_floats gives the size of the
+     * packed x in floats, pack writes it. */
+    size_t (*pack_floats)(const df_tensor *w, int n);
+    void (*pack)(const df_tensor *w, const float *x, int n, float *xp);
     void (*matmul_rows)(const df_tensor *w, int64_t r0, int64_t r1, const float *x, int n, float *y,
                         int64_t ldy);
     /* Reads bytes [0, n) (n a multiple of 256, p 64-byte aligned) as fast as this ISA can; returns a checksum
@@ -41,7 +45,7 @@ typedef struct df_kern {
 } df_kern;
 
 /* isa: NULL = best for this CPU (the DELTAFIN_ISA env var overrides), or "scalar", "avx2", "avx512",
- * "neon". Fails (returns -1) if the ISA named is not available. n_threads <= 0 means 1. */
+ * "amx" (AVX-512 plus AMX tiles for MXFP4 with several activation rows), "neon". Fails (returns -1) if the ISA named is not available. n_threads <= 0 means 1. */
 int kern_init(df_kern *kc, int n_threads, const char *isa);
 void kern_free(df_kern *kc);
 /* Fills out with the ISAs compiled into this binary that this CPU supports, best first (scalar last);
@@ -52,6 +56,10 @@ const df_kernels *kern_scalar(void);
 const df_kernels *kern_avx2(void);
 const df_kernels *kern_avx512(void);
 const df_kernels *kern_neon(void);
+const df_kernels *kern_amx(void);
+/* Whether the CPU has AMX-TILE, AMX-BF16 and AVX512-BF16 and the OS grants this process the tile state
+ * (asking for it, on Linux, is part of the check). */
+int kern_amx_usable(void);
 
 /* y[n, W.rows] = x[n, W.cols] · Wᵀ, split over the pool. */
 void kern_matmul(df_kern *kc, const df_tensor *w, const float *x, int n, float *y);
@@ -64,10 +72,13 @@ void kern_matmul_t(df_kern *kc, const df_tensor *w, const float *x, int n, float
 void kern_parallel_for(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task), void *ctx);
 void kern_parallel_for_t(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx);
 
-/* The x layout matmul_rows expects for dtypes in packed_dtypes: for MXFP4, each 32-column block is stored
- * as its 16 even columns then its 16 odd columns (the order of the low then high nibbles of the 16 packed
- * bytes). xp holds n*cols floats. */
-void kern_pack_x(const df_tensor *w, const float *x, int n, float *xp);
+/* The x that k->matmul_rows expects for w when w's dtype is in k->packed_dtypes: kern_pack_floats(k, w, n)
+ * floats (0 when x is used as is), written by kern_pack_x. */
+size_t kern_pack_floats(const df_kernels *k, const df_tensor *w, int n);
+void kern_pack_x(const df_kernels *k, const df_tensor *w, const float *x, int n, float *xp);
+/* The common MXFP4 layout: each 32-column block stored as its 16 even columns then its 16 odd columns (the
+ * order of the low then high nibbles of the 16 packed bytes). xp holds n*cols floats. */
+void kern_pack_x_mxfp4(const df_tensor *w, const float *x, int n, float *xp);
 
 /* Small fused pieces (per row of width d, rows contiguous). */
 void kern_rmsnorm(float *out, const float *x, const float *w, int d, float eps);  /* w may be NULL */

@@ -120,7 +120,8 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
                 cols = odd_cols[s - sizeof shapes / sizeof shapes[0]], rows = 11 + s, n = 1 + s % 6;
             }
             mat m = mat_random(dt, rows, cols, r);
-            float *x = xmalloc(n * cols * sizeof(float)), *xp = xmalloc(n * cols * sizeof(float));
+            float *x = xmalloc(n * cols * sizeof(float));
+            float *xp = xmalloc((kern_pack_floats(k, &m.t, n) + 1) * sizeof(float));
             float *want = xmalloc(n * rows * sizeof(float)), *got = xmalloc(n * rows * sizeof(float));
             float *part = xmalloc(n * rows * sizeof(float));
             for (int64_t i = 0; i < n * cols; i++) x[i] = rng_f(r) * 4.0f;
@@ -130,8 +131,8 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
             if (!(e <= worst)) worst = e;
             /* the table entry on an odd row range, as the pool's chunks call it */
             const float *xk = x;
-            if (k->packed_dtypes & (1u << dt)) {
-                kern_pack_x(&m.t, x, n, xp);
+            if (kern_pack_floats(k, &m.t, n)) {
+                kern_pack_x(k, &m.t, x, n, xp);
                 xk = xp;
             }
             int64_t r0 = rows / 3, r1 = rows - rows / 5;

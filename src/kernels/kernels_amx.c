@@ -1,0 +1,398 @@
+/* kernels_amx.c — MXFP4 matmul of several activation rows on AMX tiles (TDPBF16PS), exact like the FMA paths.
+ *
+ * Every MXFP4 weight, E2M1 × 2^(s-127), is exactly a bf16 (a 2-bit significand; for 2 <= s <= 160 a normal
+ * one). Every fp32 activation x splits exactly into three bf16 parts, x = hi + mid + lo (hi = bf16(x),
+ * mid = bf16(x - hi), lo = x - hi - mid: 8 + 8 + 8 bits of x's 24), and a bf16 × bf16 product is exact in
+ * fp32. So three TDPBF16PS (one per part) sum the same exact products as the fp32 FMA paths, in another
+ * order. What AMX does differently is flush subnormals (inputs and results) to zero; to keep that harmless,
+ * each activation row is first scaled by a power of two 2^E (exact) so that its largest |x| lies in
+ * [2^60, 2^61), and the result is scaled back by 2^-E: anything flushed is then below 2^-126 in the scaled
+ * units, i.e. under 2^-186 · max|x| of the row (see docs/PERFORMANCE.md for the bound). Rows whose scales
+ * fall outside [2, 160] (weights subnormal in bf16, or sums that could overflow once scaled), and calls with
+ * non-finite activations or fewer than AMX_MIN_N rows, go to the AVX-512 path instead, row by row, so a
+ * row's result never depends on how rows are split between threads.
+ *
+ * Tiles: the weights are the A operand (16 weight rows × one 32-column block, dequantised to bf16 in their
+ * natural order by a 16-entry vpermw table), the activations the B operand (the three parts of 16
+ * activation rows in the VNNI pair layout, built once per call by amx_pack), the 16 × 16 fp32 C tiles hold
+ * output rows × activation rows. A chunk of 8 blocks of 32 weight rows is dequantised once into an L1
+ * buffer and used for every group of 16 activation rows. Linux grants the tile state only on request
+ * (arch_prctl ARCH_REQ_XCOMP_PERM), which kern_amx_usable makes; without it this path is not offered. */
+#include <string.h>
+#include "kernels.h"
+#include "../common/util.h"
+
+#if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__) && \
+    defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+enum {
+    AMX_MIN_N = 4,     /* fewer activation rows: the AVX-512 path (faster there, measured) */
+    S_MIN = 2,         /* scales outside [S_MIN, S_MAX]: that row on the AVX-512 path */
+    S_MAX = 160,
+    X_TOP = 60,        /* scaled rows have max |x| in [2^X_TOP, 2^(X_TOP+1)) */
+    RG = 64,           /* weight rows per group: four A tiles, four C tiles */
+    CHUNK = 4,         /* blocks dequantised at a time (one cache line of each row) */
+    PF_BLOCKS = 16,    /* software prefetch distance along a row, in blocks */
+    HDR = 16,          /* floats of header before the per-row unscale factors */
+    ROW_MODE_MAX = 5,  /* up to this many activation rows: all three parts in one B tile */
+};
+
+typedef struct {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} amx_tilecfg;
+
+int kern_amx_usable(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return 0;
+    if (!(d & (1u << 24)) || !(d & (1u << 22))) return 0;   /* AMX-TILE, AMX-BF16 */
+    if (!__get_cpuid_count(7, 1, &a, &b, &c, &d) || !(a & (1u << 5))) return 0;   /* AVX512_BF16 */
+    /* ARCH_REQ_XCOMP_PERM for XFEATURE_XTILEDATA: once granted it stays granted; asking again is harmless */
+    return syscall(SYS_arch_prctl, 0x1023, 18) == 0;
+}
+
+/* How the activation parts fill the B tiles. Up to ROW_MODE_MAX rows: one B tile per block whose column
+ * 3i+p is part p of row i (one TDPBF16PS per weight tile and block; the three columns of a row are added
+ * at the end). More rows: sets of 16 rows, three B tiles per set and block (one per part), all three
+ * accumulating into the same C columns. */
+typedef struct {
+    int sets, parts;
+} amx_shape;
+
+static amx_shape amx_shape_of(int n) {
+    return n <= ROW_MODE_MAX ? (amx_shape){1, 1} : (amx_shape){(n + 15) / 16, 3};
+}
+
+/* Float offsets of the parts of the packed x: the AVX-512 layout first (for the fallback), then the header
+ * (HDR floats, [0] = 1 if AMX may be used, then 2^-E per row, padded to 16), then the B tiles, 256 dwords
+ * each, tile (set, block, part) at ((set * blocks + block) * parts + part) * 256. */
+static int64_t amx_hdr_at(const df_tensor *w, int n) { return (int64_t)n * w->shape[1]; }
+static int64_t amx_tiles_at(const df_tensor *w, int n) { return amx_hdr_at(w, n) + HDR + (n + 15) / 16 * 16; }
+static int64_t amx_tile_dwords(const df_tensor *w, int n) {
+    amx_shape sh = amx_shape_of(n);
+    return (int64_t)sh.sets * (w->shape[1] / 32) * sh.parts * 256;
+}
+
+static size_t amx_pack_floats(const df_tensor *w, int n) {
+    if (w->dtype != DF_DT_MXFP4 || n < AMX_MIN_N) return (size_t)n * w->shape[1];
+    return (size_t)(amx_tiles_at(w, n) + amx_tile_dwords(w, n));
+}
+
+#define AI static inline __attribute__((always_inline))
+
+/* The A tiles hold a block's 32 weights in the order the dequantisation produces them: word u is column
+ * 4 (u % 8) + u / 8. Pair k of a B tile row (words 2k, 2k+1) must hold the same two columns. */
+AI __m512i b_pair_order(void) {
+    uint16_t idx[32];
+    for (int u = 0; u < 32; u++) idx[u] = (uint16_t)(4 * (u % 8) + u / 8);
+    return _mm512_loadu_si512(idx);
+}
+
+/* 32 fp32 (x0 = columns 0..15, x1 = 16..31) rounded to bf16, in column order; *r0, *r1 get x minus that,
+ * exactly (the remainder has at most 16 significant bits of x's 24). */
+AI __m512i split_part(__m512 x0, __m512 x1, __m512 *r0, __m512 *r1) {
+    __m512i h = (__m512i)_mm512_cvtne2ps_pbh(x1, x0);
+    __m512i lo = _mm512_cvtepu16_epi32(_mm512_castsi512_si256(h));
+    __m512i hi = _mm512_cvtepu16_epi32(_mm512_extracti64x4_epi64(h, 1));
+    *r0 = _mm512_sub_ps(x0, _mm512_castsi512_ps(_mm512_slli_epi32(lo, 16)));
+    *r1 = _mm512_sub_ps(x1, _mm512_castsi512_ps(_mm512_slli_epi32(hi, 16)));
+    return h;
+}
+
+/* In-register transpose of 16 rows of 16 dwords: swaps the off-diagonal blocks at sizes 8, 4, 2, 1. Row j
+ * (j & s == 0) takes element k & s from row j+s at k-s; row j+s takes element k, !(k & s), from row j at
+ * k+s. Index tables: [size][k], 16+ meaning the second source. */
+static const int32_t tr_lo[4][16] = {
+    {0, 1, 2, 3, 4, 5, 6, 7, 16, 17, 18, 19, 20, 21, 22, 23},
+    {0, 1, 2, 3, 16, 17, 18, 19, 8, 9, 10, 11, 24, 25, 26, 27},
+    {0, 1, 16, 17, 4, 5, 20, 21, 8, 9, 24, 25, 12, 13, 28, 29},
+    {0, 16, 2, 18, 4, 20, 6, 22, 8, 24, 10, 26, 12, 28, 14, 30},
+};
+static const int32_t tr_hi[4][16] = {
+    {8, 9, 10, 11, 12, 13, 14, 15, 24, 25, 26, 27, 28, 29, 30, 31},
+    {4, 5, 6, 7, 20, 21, 22, 23, 12, 13, 14, 15, 28, 29, 30, 31},
+    {2, 3, 18, 19, 6, 7, 22, 23, 10, 11, 26, 27, 14, 15, 30, 31},
+    {1, 17, 3, 19, 5, 21, 7, 23, 9, 25, 11, 27, 13, 29, 15, 31},
+};
+
+AI void transpose16(__m512i r[16]) {
+#pragma GCC unroll 4
+    for (int l = 0; l < 4; l++) {
+        const int s = 8 >> l;
+        __m512i va = _mm512_loadu_si512(tr_lo[l]), vb = _mm512_loadu_si512(tr_hi[l]);
+#pragma GCC unroll 16
+        for (int j = 0; j < 16; j++) {
+            if (j & s) continue;
+            __m512i a = r[j], b = r[j + s];
+            r[j] = _mm512_permutex2var_epi32(a, va, b);
+            r[j + s] = _mm512_permutex2var_epi32(a, vb, b);
+        }
+    }
+}
+
+/* The three parts of row xi's block b (32 columns), scaled by sc, each as 16 dwords in B pair order. */
+AI void split_block(const float *xi, int64_t b, __m512 sc, __m512i order, __m512i out[3]) {
+    __m512 x0 = _mm512_mul_ps(_mm512_loadu_ps(xi + 32 * b), sc);
+    __m512 x1 = _mm512_mul_ps(_mm512_loadu_ps(xi + 32 * b + 16), sc);
+    __m512 r0, r1, q0, q1, z0, z1;
+    out[0] = _mm512_permutexvar_epi16(order, split_part(x0, x1, &r0, &r1));
+    out[1] = _mm512_permutexvar_epi16(order, split_part(r0, r1, &q0, &q1));
+    out[2] = _mm512_permutexvar_epi16(order, split_part(q0, q1, &z0, &z1));
+}
+
+static void amx_pack(const df_tensor *w, const float *x, int n, float *xp) {
+    kern_avx512()->pack(w, x, n, xp);
+    if (n < AMX_MIN_N) return;
+    int64_t cols = w->shape[1], nb = cols / 32;
+    amx_shape sh = amx_shape_of(n);
+    float *hdr = xp + amx_hdr_at(w, n);
+    uint32_t *tiles = (uint32_t *)(xp + amx_tiles_at(w, n));
+    const __m512i order = b_pair_order();
+    int ok = 1;
+    float *upf = xmalloc(n * sizeof(float));
+    for (int i = 0; i < n; i++) {
+        const float *xi = x + (int64_t)i * cols;
+        __m512i mx = _mm512_setzero_si512();
+        for (int64_t c = 0; c < cols; c += 16)
+            mx = _mm512_max_epu32(mx, _mm512_and_si512(_mm512_loadu_si512(xi + c), _mm512_set1_epi32(0x7fffffff)));
+        uint32_t top = (uint32_t)_mm512_reduce_max_epu32(mx);
+        if (top >= 0x7f800000u) ok = 0;   /* inf or NaN: the whole call takes the AVX-512 path */
+        int e = top ? (int)(top >> 23) - 127 : 0;
+        int E = DF_MAX(-100, DF_MIN(100, X_TOP - e));
+        uint32_t u = (uint32_t)(127 + E) << 23, down = (uint32_t)(127 - E) << 23;
+        memcpy(&hdr[HDR + i], &down, 4);
+        memcpy(&upf[i], &u, 4);
+    }
+    hdr[0] = ok ? 1.0f : 0.0f;
+    if (sh.parts == 1) {   /* column 3i+p of the block's tile; row k of the tile is pair k */
+        memset(tiles, 0, amx_tile_dwords(w, n) * sizeof(uint32_t));
+        const __m512i rows16 = _mm512_mullo_epi32(
+            _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
+        for (int i = 0; i < n; i++)
+            for (int64_t b = 0; b < nb; b++) {
+                __m512i pt[3];
+                split_block(x + (int64_t)i * cols, b, _mm512_set1_ps(upf[i]), order, pt);
+                for (int p = 0; p < 3; p++) _mm512_i32scatter_epi32(tiles + b * 256 + 3 * i + p, rows16, pt[p], 4);
+            }
+    } else {   /* column i % 16 of set i / 16: a 16 × 16 transpose per set, block and part */
+        for (int s = 0; s < sh.sets; s++)
+            for (int64_t b = 0; b < nb; b++) {
+                __m512i r[3][16];
+                for (int j = 0; j < 16; j++) {
+                    int i = s * 16 + j;
+                    __m512i pt[3] = {_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_si512()};
+                    if (i < n) split_block(x + (int64_t)i * cols, b, _mm512_set1_ps(upf[i]), order, pt);
+                    r[0][j] = pt[0], r[1][j] = pt[1], r[2][j] = pt[2];
+                }
+                for (int p = 0; p < 3; p++) {
+                    transpose16(r[p]);
+                    uint32_t *t = tiles + ((s * nb + b) * 3 + p) * 256;
+                    for (int k = 0; k < 16; k++) _mm512_storeu_si512(t + 16 * k, r[p][k]);
+                }
+            }
+    }
+    free(upf);
+}
+
+/* bf16 of the 16 E2M1 values (sign in bit 3), twice: vpermw reads 5 index bits, of which bit 4 is junk here */
+static const uint16_t e2m1_bf16[32] = {
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+    0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0,
+    0x0000, 0x3f00, 0x3f80, 0x3fc0, 0x4000, 0x4040, 0x4080, 0x40c0,
+    0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0,
+};
+
+/* 4L for the words of 128-bit lane L */
+static const uint16_t lane_shifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
+                                         8, 8, 8, 8, 8, 8, 8, 8, 12, 12, 12, 12, 12, 12, 12, 12};
+
+/* Blocks [0, cb) of one row (d: its packed bytes, off: its scale offsets) as bf16 into dst.
+ * The 16 bytes are broadcast to the four 128-bit lanes and lane L shifted right by 4L bits, so that the low
+ * four bits of word w of lane L are the nibble of column 4w + L; vpermw looks them up in the block's table:
+ * the E2M1 bf16 values with (s-127) << 7 added to the nonzero ones, which multiplies them by 2^(s-127) and,
+ * for S_MIN <= s <= S_MAX, keeps them normal bf16. */
+AI void dequant_blocks(const int cb, const uint8_t *d, const int32_t *off, __m512i base, __m512i shifts,
+                       uint16_t *dst) {
+#pragma GCC unroll 4
+    for (int b = 0; b < cb; b++) {
+        __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(d + 16 * b)));
+        __m512i idx = _mm512_srlv_epi16(raw, shifts);
+        __m512i tbl = _mm512_mask_add_epi16(base, (__mmask32)0xfefefefeu, base, _mm512_set1_epi32(off[b]));
+        _mm512_store_si512(dst + 32 * b, _mm512_permutexvar_epi16(idx, tbl));
+    }
+}
+
+/* The scale offsets (s-127) << 7 of a row's nb blocks, in both halves of a dword (a broadcast from memory
+ * then costs no shuffle). */
+static void scale_offsets(const uint8_t *s, int64_t nb, int32_t *off) {
+    for (int64_t c = 0; c < nb; c += 16) {
+        __mmask16 m = nb - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - c)) - 1);
+        __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + c));
+        v = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(127)), 7);
+        v = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(v, 16));
+        _mm512_mask_storeu_epi32(off + c, m, v);
+    }
+}
+
+/* Whether every scale of a row lies in [S_MIN, S_MAX]. */
+static int row_scales_ok(const uint8_t *s, int64_t nb) {
+    __mmask64 bad = 0;
+    for (int64_t c = 0; c < nb; c += 64) {
+        __mmask64 m = nb - c >= 64 ? ~(__mmask64)0 : (((__mmask64)1 << (nb - c)) - 1);
+        __m512i v = _mm512_maskz_loadu_epi8(m, s + c);
+        bad |= _mm512_mask_cmplt_epu8_mask(m, v, _mm512_set1_epi8(S_MIN)) |
+               _mm512_mask_cmpgt_epu8_mask(m, v, _mm512_set1_epi8((char)S_MAX));
+    }
+    return !bad;
+}
+
+typedef struct {
+    const uint8_t *data;
+    const int32_t *off;   /* scale offsets of the group's rows, nb per row */
+    int64_t r1, nb, row_bytes;
+    __m512i base, shifts;
+} amx_w;
+
+/* Rows [m0, m1) of the group at rg, blocks [b0, b0+cb), into abuf; prefetches PF_BLOCKS ahead (past the end
+ * of a row: the same place in the row RG further on, the next group's). */
+AI void dequant_rows(const amx_w *w, int64_t rg, int m0, int m1, int64_t b0, int cb, uint16_t *abuf) {
+    for (int m = m0; m < m1; m++) {
+        const uint8_t *d = w->data + (rg + m) * w->row_bytes + b0 * 16;
+        if (b0 + PF_BLOCKS < w->nb) _mm_prefetch((const char *)d + PF_BLOCKS * 16, _MM_HINT_T0);
+        else if (rg + m + RG < w->r1) _mm_prefetch((const char *)d + PF_BLOCKS * 16 + (RG - 1) * w->row_bytes, _MM_HINT_T0);
+        const int32_t *off = w->off + m * w->nb + b0;
+        if (cb == CHUNK) dequant_blocks(CHUNK, d, off, w->base, w->shifts, abuf + m * CHUNK * 32);
+        else dequant_blocks(cb, d, off, w->base, w->shifts, abuf + m * CHUNK * 32);
+    }
+}
+
+#define TDP_ROWTILE(T, P)                                                                          \
+    do {                                                                                           \
+        _tile_loadd(7, a + (T) * 16 * CHUNK * 32, CHUNK * 64);                                     \
+        _tile_dpbf16ps(T, 7, 4);                                                                   \
+        if ((P) == 3) {                                                                            \
+            _tile_dpbf16ps(T, 7, 5);                                                               \
+            _tile_dpbf16ps(T, 7, 6);                                                               \
+        }                                                                                          \
+    } while (0)
+
+/* One set's TDPs over blocks [0, cb) of the current chunk; while they run, dequantises the next chunk
+ * (16 rows per block) into nxt when there is one. */
+AI void chunk_set(const int parts, const amx_w *w, const uint32_t *bt, const uint16_t *cur, int cb,
+                  int64_t rg, int nr, int64_t next_b0, uint16_t *nxt) {
+    for (int b = 0; b < cb; b++) {
+        const uint32_t *bb = bt + b * parts * 256;
+        _tile_loadd(4, bb, 64);
+        if (parts == 3) {
+            _tile_loadd(5, bb + 256, 64);
+            _tile_loadd(6, bb + 512, 64);
+        }
+        const uint16_t *a = cur + 32 * b;
+        TDP_ROWTILE(0, parts);
+        TDP_ROWTILE(1, parts);
+        TDP_ROWTILE(2, parts);
+        TDP_ROWTILE(3, parts);
+        if (nxt) {
+            int m0 = b * (RG / CHUNK), m1 = DF_MIN(nr, m0 + RG / CHUNK);
+            dequant_rows(w, rg, m0, m1, next_b0, (int)DF_MIN(CHUNK, w->nb - next_b0), nxt);
+        }
+    }
+}
+
+static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const float *xp, int n, float *y,
+                            int64_t ldy) {
+    const df_kernels *fb = kern_avx512();
+    if (t->dtype != DF_DT_MXFP4 || n < AMX_MIN_N || xp[amx_hdr_at(t, n)] == 0.0f) {
+        fb->matmul_rows(t, r0, r1, xp, n, y, ldy);
+        return;
+    }
+    int64_t cols = t->shape[1], nb = cols / 32;
+    amx_shape sh = amx_shape_of(n);
+    const float *unscale = xp + amx_hdr_at(t, n) + HDR;
+    const uint32_t *tiles = (const uint32_t *)(xp + amx_tiles_at(t, n));
+    const uint8_t *scale = t->scale;
+    int32_t *off = xaligned_alloc(64, (size_t)RG * nb * sizeof(int32_t));
+    amx_w w = {.data = t->data, .off = off, .r1 = r1, .nb = nb, .row_bytes = cols / 2,
+               .base = _mm512_loadu_si512(e2m1_bf16), .shifts = _mm512_loadu_si512(lane_shifts)};
+    amx_tilecfg cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;   /* 0-3 C, 4-6 B, 7 A */
+    _tile_loadconfig(&cfg);
+    float *cacc = xaligned_alloc(64, (size_t)sh.sets * 4 * 256 * sizeof(float));
+    _Alignas(64) uint16_t abuf[2][RG * CHUNK * 32];
+    for (int64_t rg = r0; rg < r1; rg += RG) {
+        int nr = (int)DF_MIN(RG, r1 - rg);
+        uint64_t ok_rows = 0;
+        for (int m = 0; m < nr; m++)
+            if (row_scales_ok(scale + (rg + m) * nb, nb)) ok_rows |= 1ull << m;
+        for (int m = 0; m < nr; m++) scale_offsets(scale + (rg + m) * nb, nb, off + m * nb);
+        if (nr < RG)
+            for (int k = 0; k < 2; k++) memset(abuf[k] + nr * CHUNK * 32, 0, (size_t)(RG - nr) * CHUNK * 64);
+        dequant_rows(&w, rg, 0, nr, 0, (int)DF_MIN(CHUNK, nb), abuf[0]);
+        for (int64_t ci = 0, b0 = 0; b0 < nb; ci++, b0 += CHUNK) {
+            int cb = (int)DF_MIN(CHUNK, nb - b0);
+            const uint16_t *cur = abuf[ci & 1];
+            uint16_t *nxt = b0 + CHUNK < nb ? abuf[(ci + 1) & 1] : NULL;
+            for (int s = 0; s < sh.sets; s++) {
+                float *cs = cacc + s * 1024;
+                if (b0 == 0) {
+                    _tile_zero(0);
+                    _tile_zero(1);
+                    _tile_zero(2);
+                    _tile_zero(3);
+                } else if (sh.sets > 1) {
+                    _tile_loadd(0, cs, 64);
+                    _tile_loadd(1, cs + 256, 64);
+                    _tile_loadd(2, cs + 512, 64);
+                    _tile_loadd(3, cs + 768, 64);
+                }
+                const uint32_t *bt = tiles + (s * nb + b0) * sh.parts * 256;
+                if (sh.parts == 3) chunk_set(3, &w, bt, cur, cb, rg, nr, b0 + CHUNK, s == 0 ? nxt : NULL);
+                else chunk_set(1, &w, bt, cur, cb, rg, nr, b0 + CHUNK, s == 0 ? nxt : NULL);
+                if (sh.sets > 1 || b0 + CHUNK >= nb) {
+                    _tile_stored(0, cs, 64);
+                    _tile_stored(1, cs + 256, 64);
+                    _tile_stored(2, cs + 512, 64);
+                    _tile_stored(3, cs + 768, 64);
+                }
+            }
+        }
+        /* C of set s: [row tile][16 rows][16 columns] */
+        for (int m = 0; m < nr; m++) {
+            if (!(ok_rows >> m & 1)) {
+                fb->matmul_rows(t, rg + m, rg + m + 1, xp, n, y, ldy);
+                continue;
+            }
+            for (int i = 0; i < n; i++) {
+                float v;
+                if (sh.parts == 1) {
+                    const float *c = cacc + m * 16 + 3 * i;
+                    v = (c[0] + c[1]) + c[2];
+                } else {
+                    v = cacc[(i / 16) * 1024 + m * 16 + i % 16];
+                }
+                y[i * ldy + rg + m] = v * unscale[i];
+            }
+        }
+    }
+    _tile_release();
+    free(cacc);
+    free(off);
+}
+
+static uint64_t read_bytes_amx(const void *p, size_t n) { return kern_avx512()->read_bytes(p, n); }
+
+static const df_kernels amx = {"amx", 1u << DF_DT_MXFP4, amx_pack_floats, amx_pack, matmul_rows_amx, read_bytes_amx};
+
+const df_kernels *kern_amx(void) { return kern_avx512() ? &amx : NULL; }
+
+#else
+int kern_amx_usable(void) { return 0; }
+const df_kernels *kern_amx(void) { return NULL; }
+#endif
