@@ -391,7 +391,12 @@ static void *remote_main(void *arg) {
                 curl_easy_getinfo(m->easy_handle, CURLINFO_PRIVATE, (char **)&x);
                 xfer_finish(r, x, m->data.result);
             }
-        curl_multi_poll(r->multi, NULL, 0, (int)(wait * 1000) + 1, NULL);
+        /* sleep only when nothing queued could start now (a finished transfer frees a slot) */
+        pthread_mutex_lock(&r->mu);
+        now = df_now();
+        for (xfer *x = r->head; x && r->active < r->o.jobs; x = x->next) wait = DF_MIN(wait, x->not_before - now);
+        pthread_mutex_unlock(&r->mu);
+        if (wait > 0) curl_multi_poll(r->multi, NULL, 0, (int)(wait * 1000) + 1, NULL);
     }
     return NULL;
 }

@@ -12,8 +12,8 @@ Control endpoints (not counted):
                      the next N range requests whose path contains S answer with fault M:
                      reset (half the body, then a TCP reset), 500, 503 (Retry-After: arg when given),
                      200 (whole file instead of 206), badrange (Content-Range off by one), short (a
-                     Content-Length and body half as long), stall (half the body, then silence for arg s),
-                     404
+                     Content-Length and body half as long), stall (headers, then silence for arg s, then a reset),
+                     404, slow (answers normally after arg s)
 --redirect answers every file with a 302 to /cdn/{file}?sig=1 (as the hub does to its CDN).
 Only standard-library modules: the test machines have no pip packages."""
 import argparse
@@ -58,8 +58,14 @@ class Handler(BaseHTTPRequestHandler):
 
     def setup(self):
         super().setup()
-        with self.server.state.lock:
-            self.server.state.connections += 1
+        self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)   # no Nagle wait per response
+        self.counted = False      # control requests do not count as connections
+
+    def count_connection(self):
+        if not self.counted:
+            self.counted = True
+            with self.server.state.lock:
+                self.server.state.connections += 1
 
     def log_message(self, fmt, *args):
         pass
@@ -117,6 +123,7 @@ class Handler(BaseHTTPRequestHandler):
             return self.control(url)
         st = self.server.state
         rng = self.headers.get("Range")
+        self.count_connection()
         with st.lock:
             st.requests += 1
             st.range_requests += rng is not None
@@ -132,6 +139,8 @@ class Handler(BaseHTTPRequestHandler):
         if full is None or mode == "404":
             return self.error(404)
         size = os.path.getsize(full)
+        if mode == "slow":
+            time.sleep(float(arg or 0.2))
         if mode in ("500", "503"):
             return self.error(int(mode), retry_after=arg)
         start, end = 0, size - 1
@@ -160,9 +169,11 @@ class Handler(BaseHTTPRequestHandler):
             return
         with open(full, "rb") as f:
             if mode in ("reset", "stall"):
-                self.send_part(f, start, n // 2)
                 if mode == "stall":
+                    self.wfile.flush()
                     time.sleep(float(arg or 5))
+                else:
+                    self.send_part(f, start, n // 2)
                 self.connection.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
                 self.connection.close()
                 self.close_connection = True
@@ -172,11 +183,14 @@ class Handler(BaseHTTPRequestHandler):
     def send_part(self, f, start, n):
         self.wfile.flush()
         sent = 0
-        while sent < n:
-            k = self.connection.sendfile(f, start + sent, n - sent)
-            if not k:
-                break
-            sent += k
+        try:
+            while sent < n:
+                k = self.connection.sendfile(f, start + sent, n - sent)
+                if not k:
+                    break
+                sent += k
+        except OSError:           # the client gave up (a fault test): not the server's problem
+            self.close_connection = True
         with self.server.state.lock:
             self.server.state.bytes += sent
 
@@ -190,14 +204,21 @@ class Handler(BaseHTTPRequestHandler):
         self.wfile.write(body)
 
 
+class Server(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def handle_error(self, request, client_address):
+        if not isinstance(sys.exc_info()[1], ConnectionError):   # clients cut off by fault tests are normal
+            super().handle_error(request, client_address)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--root", required=True)
     ap.add_argument("--port-file", required=True)
     ap.add_argument("--redirect", action="store_true")
     a = ap.parse_args()
-    srv = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    srv.daemon_threads = True
+    srv = Server(("127.0.0.1", 0), Handler)
     srv.state = State(a.root, a.redirect)
     tmp = a.port_file + ".tmp"
     with open(tmp, "w") as f:
