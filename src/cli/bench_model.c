@@ -1,7 +1,8 @@
 /* bench_model.c — `deltafin bench -m DIR [-n N] [--json]`: the decode benchmark of the streaming engine.
  *
- * In one run it measures the disk (O_DIRECT sequential reads of the model's own largest shard, several
- * requests in flight), prefills a short prompt (reporting the expert bytes that prefill read against the
+ * In one run it measures the disk (O_DIRECT sequential reads of the model's own shards through the engine's
+ * own reader, in a few patterns of parallel readers and request sizes, before decoding, and the best pattern
+ * again after; the best rate seen is the disk's bandwidth), prefills a short prompt (reporting the expert bytes that prefill read against the
  * unique experts it needed), then decodes N tokens greedily and reports s/token, where the time went
  * (df_engine_profile), bytes read from disk per token, the cache hit rate, the read rate achieved, the peak
  * resident set and the I/O floor: bytes that had to come from disk / the measured disk bandwidth. */
@@ -19,70 +20,146 @@
 #include "cli_opts.h"
 #include "common/util.h"
 #include "storage/budget.h"
+#include "storage/io.h"
 
-#define PROBE_BLOCK (8u << 20)
-#define PROBE_THREADS 8
+#define PROBE_PATTERNS 4
+#define PROBE_MAX_SHARDS 4096
 
-typedef struct probe {
-    int fd;
-    uint64_t bytes;
-    int next;      /* next block to read, under mu */
-    int n_blocks;
-    pthread_mutex_t mu;
-    int failed;
-} probe;
+/* One way of reading the disk: the engine's own reader (io.h source of this kind, on an I/O pool of this many
+ * threads) issuing requests of this size, as it does for spine pieces and expert spans. */
+typedef struct probe_pattern {
+    const char *name;
+    int kind, threads;
+    uint64_t block;
+} probe_pattern;
 
-static void *probe_main(void *arg) {
-    probe *p = arg;
-    void *buf = NULL;
-    if (posix_memalign(&buf, 4096, PROBE_BLOCK)) return NULL;
-    for (;;) {
-        pthread_mutex_lock(&p->mu);
-        int b = p->next < p->n_blocks ? p->next++ : -1;
-        pthread_mutex_unlock(&p->mu);
-        if (b < 0) break;
-        ssize_t r = pread(p->fd, buf, PROBE_BLOCK, (off_t)b * PROBE_BLOCK);
-        if (r < 0) p->failed = 1;
-    }
-    free(buf);
-    return NULL;
+static const probe_pattern probe_patterns[PROBE_PATTERNS] = {
+    {"pread pool, 8 threads x 8 MiB", IO_KIND_PREAD, 8, 8u << 20},
+    {"pread pool, 8 threads x 16 MiB", IO_KIND_PREAD, 8, 16u << 20},
+    {"io_uring, 8 threads x 16 MiB (1 MiB requests)", IO_KIND_URING, 8, 16u << 20},
+    {"io_uring, 16 threads x 8 MiB (1 MiB requests)", IO_KIND_URING, 16, 8u << 20},
+};
+
+typedef struct probe_disk {
+    int n;
+    char **paths;
+    uint64_t *sizes;
+    int file;              /* where the next pattern starts reading: a new region each time */
+    uint64_t off;
+    double gbps[PROBE_PATTERNS + 1];   /* per pattern; [PROBE_PATTERNS]: the best pattern again after decoding */
+    uint64_t bytes;        /* read by all probes */
+} probe_disk;
+
+typedef struct probe_job {
+    io_source *src;
+    int file;
+    uint64_t off, len;
+    uint8_t *buf;
+    io_latch *latch;
+    int *failed;
+} probe_job;
+
+static void probe_job_run(void *arg) {
+    probe_job *j = arg;
+    df_error err;
+    if (j->src->read(j->src, j->file, j->off, j->len, j->buf, "the disk probe", &err)) *j->failed = 1;
+    io_latch_done(j->latch);
 }
 
-/* Sequential O_DIRECT read bandwidth (GB/s) over up to `limit` bytes of the largest shard in dir. */
-static double probe_disk(const char *dir, uint64_t limit, uint64_t *probed, char *err, size_t cap) {
+static int probe_cmp(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
+
+static int probe_init(probe_disk *p, const char *dir, char *err, size_t cap) {
+    memset(p, 0, sizeof *p);
     DIR *d = opendir(dir);
     if (!d) return snprintf(err, cap, "%s: %s", dir, strerror(errno)), -1;
-    char best[4096] = "";
-    off_t best_size = 0;
     struct dirent *de;
-    while ((de = readdir(d))) {
+    p->paths = xcalloc(PROBE_MAX_SHARDS, sizeof *p->paths);
+    while ((de = readdir(d)) && p->n < PROBE_MAX_SHARDS) {
         size_t n = strlen(de->d_name);
-        if (n < 12 || strcmp(de->d_name + n - 12, ".safetensors")) continue;
-        char path[4096];
-        struct stat sb;
-        snprintf(path, sizeof path, "%s/%s", dir, de->d_name);
-        if (stat(path, &sb) == 0 && sb.st_size > best_size) best_size = sb.st_size, snprintf(best, sizeof best, "%s", path);
+        if (n >= 12 && !strcmp(de->d_name + n - 12, ".safetensors")) p->paths[p->n++] = df_path_join(dir, de->d_name);
     }
     closedir(d);
-    if (!best_size) return snprintf(err, cap, "%s: no .safetensors file", dir), -1;
-    probe p = {.fd = open(best, O_RDONLY | O_DIRECT | O_CLOEXEC)};
-    if (p.fd < 0) p.fd = open(best, O_RDONLY | O_CLOEXEC);
-    if (p.fd < 0) return snprintf(err, cap, "%s: %s", best, strerror(errno)), -1;
-    uint64_t span = DF_MIN((uint64_t)best_size, limit);
-    p.n_blocks = (int)(span / PROBE_BLOCK);
-    if (p.n_blocks < 1) p.n_blocks = 1;
-    pthread_mutex_init(&p.mu, NULL);
-    pthread_t th[PROBE_THREADS];
-    double t0 = df_now();
-    for (int i = 0; i < PROBE_THREADS; i++) pthread_create(&th[i], NULL, probe_main, &p);
-    for (int i = 0; i < PROBE_THREADS; i++) pthread_join(th[i], NULL);
-    double dt = df_now() - t0;
-    pthread_mutex_destroy(&p.mu);
-    close(p.fd);
-    *probed = (uint64_t)p.n_blocks * PROBE_BLOCK;
-    if (p.failed) return snprintf(err, cap, "%s: read failed during the disk probe", best), -1;
-    return (double)*probed / dt / 1e9;
+    if (!p->n) return snprintf(err, cap, "%s: no .safetensors file", dir), -1;
+    qsort(p->paths, (size_t)p->n, sizeof *p->paths, probe_cmp);
+    p->sizes = xcalloc((size_t)p->n, sizeof *p->sizes);
+    for (int i = 0; i < p->n; i++) {
+        struct stat sb;
+        if (stat(p->paths[i], &sb)) return snprintf(err, cap, "%s: %s", p->paths[i], strerror(errno)), -1;
+        p->sizes[i] = (uint64_t)sb.st_size;
+    }
+    return 0;
 }
+
+static void probe_free(probe_disk *p) {
+    for (int i = 0; i < p->n; i++) free(p->paths[i]);
+    free(p->paths);
+    free(p->sizes);
+}
+
+/* Reads about `limit` bytes in consecutive blocks across the shards (continuing where the last pattern
+ * stopped, so no pattern re-reads what another just read) with every block in flight at once on the pool;
+ * returns GB/s, or -1. */
+static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit, char *err, size_t cap) {
+    io_source *src = NULL;
+    df_error e;
+    io_local_opts lo = {1, pat->kind};
+    if (io_local_open_ex(&src, p->n, (const char *const *)p->paths, &lo, &e))
+        return snprintf(err, cap, "%s", e.msg), -1;
+    int n_jobs = (int)DF_MAX(limit / pat->block, (uint64_t)pat->threads);
+    probe_job *jobs = xcalloc((size_t)n_jobs, sizeof *jobs);
+    uint8_t *mem = io_mem_alloc((size_t)pat->threads * (pat->block + IO_ALIGN));
+    for (int i = 0; i < pat->threads; i++) ((volatile uint8_t *)mem)[(size_t)i * (pat->block + IO_ALIGN)] = 0;
+    io_pool *pool = io_pool_new(pat->threads);
+    io_latch *latch = io_latch_new();
+    int failed = 0, skipped = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        while (p->off + pat->block > p->sizes[p->file] && skipped <= p->n) {   /* next shard big enough */
+            p->file = (p->file + 1) % p->n;
+            p->off = 0;
+            skipped++;
+        }
+        if (skipped > p->n) {
+            n_jobs = i;
+            break;
+        }
+        skipped = 0;
+        /* buffers are shared round-robin by thread count: contents are thrown away, only timing matters */
+        jobs[i] = (probe_job){src, p->file, p->off, pat->block, mem + (size_t)(i % pat->threads) * (pat->block + IO_ALIGN),
+                              latch, &failed};
+        p->off += pat->block;
+    }
+    io_latch_add(latch, n_jobs);
+    double t0 = df_now();
+    for (int i = 0; i < n_jobs; i++) io_pool_submit(pool, IO_PRIO_HIGH, probe_job_run, &jobs[i]);
+    io_latch_wait(latch);
+    double dt = df_now() - t0;
+    uint64_t bytes = atomic_load(&src->bytes);
+    p->bytes += bytes;
+    io_pool_free(pool);
+    io_latch_free(latch);
+    io_mem_free(mem, (size_t)pat->threads * (pat->block + IO_ALIGN));
+    free(jobs);
+    io_source_free(src);
+    if (!n_jobs) return snprintf(err, cap, "no shard is larger than %llu bytes", (unsigned long long)pat->block), -1;
+    if (failed) return snprintf(err, cap, "a read failed during the disk probe (%s)", pat->name), -1;
+    return (double)bytes / dt / 1e9;
+}
+
+/* Every pattern once; the best is the disk's bandwidth for this run (the I/O floor's denominator). */
+static int probe_all(probe_disk *p, uint64_t limit, char *err, size_t cap) {
+    for (int i = 0; i < PROBE_PATTERNS; i++)
+        if ((p->gbps[i] = probe_run(p, &probe_patterns[i], limit, err, cap)) < 0) return -1;
+    return 0;
+}
+
+static int probe_best(const probe_disk *p) {
+    int b = 0;
+    for (int i = 1; i < PROBE_PATTERNS; i++)
+        if (p->gbps[i] > p->gbps[b]) b = i;
+    return b;
+}
+
+static double probe_gbps(const probe_disk *p) { return DF_MAX(p->gbps[probe_best(p)], p->gbps[PROBE_PATTERNS]); }
 
 static int argmax(const float *v, int n) {
     int b = 0;
@@ -95,7 +172,7 @@ static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--json] [--threads N] [storage options]\n"
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
                "  breakdown, disk bytes per token, cache hit rate, read GB/s and the I/O floor\n"
-               "  --probe-gb G      bytes of the largest shard read to measure the disk (default 2)\n"
+               "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
                "storage options:\n" CLI_STORAGE_USAGE
                "(`deltafin bench kernels` benchmarks the matmul kernels)\n");
 }
@@ -103,7 +180,8 @@ static void usage(FILE *f) {
 typedef struct bench_result {
     int n, prompt;
     double prefill_s, decode_s, disk_gbps;
-    uint64_t probe_bytes, rss_peak;
+    probe_disk probe;
+    uint64_t rss_peak;
     df_stats s0, s1, s2;     /* after open, after prefill, after decode */
     df_profile prof;
     int32_t *tokens;
@@ -116,6 +194,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     double spt = r->decode_s / n, bpt = disk / n, floor = bpt / (r->disk_gbps * 1e9);
     double hit = hits + miss ? (double)hits / (double)(hits + miss) : 1.0;
     double other = spt - r->prof.total / n;
+    uint64_t la_req = r->s2.lookahead_requests - r->s1.lookahead_requests;
+    double recall = la_req ? (double)(r->s2.lookahead_recalled - r->s1.lookahead_recalled) / (double)la_req : 0;
+    double la_loads = (double)(r->s2.lookahead_loads - r->s1.lookahead_loads);
     uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
              pre_req = r->s1.expert_requests - r->s0.expert_requests;
     if (json) {
@@ -124,16 +205,22 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
-               "\"prefill_unique_experts\":%llu,\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
+               "\"prefill_unique_experts\":%llu,\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
+               "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
                dir, r->n, r->prompt, spt, floor, floor > 0 ? spt / floor : 0, bpt,
                (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n, (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n,
                r->disk_gbps, spt > 0 ? bpt / spt / 1e9 : 0, hit, (unsigned long long)r->rss_peak,
                (unsigned long long)r->s2.mem_budget, r->s2.cache_slots, r->s2.streamed_layers, r->prefill_s,
                (unsigned long long)pre_exp, (unsigned long long)pre_loads, (unsigned long long)pre_req,
-               r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,
+               r->s2.io_uring ? "uring" : "pread", recall, la_loads / n, r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,
                r->prof.expert_compute / n, other > 0 ? other : 0);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
+        printf("],\"disk_probe\":[");
+        for (int i = 0; i <= PROBE_PATTERNS; i++)
+            printf("%s{\"pattern\":\"%s%s\",\"gbps\":%.4f}", i ? "," : "",
+                   probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
+                   i < PROBE_PATTERNS ? "" : ", after decoding", r->probe.gbps[i]);
         printf("]}\n");
         return;
     }
@@ -143,7 +230,11 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers,
            r->s2.resident_spine_bytes / 1073741824.0, r->s2.stream_buffer_bytes / 1073741824.0, r->s2.cache_slots,
            r->s2.cache_bytes / 1073741824.0);
-    printf("disk: %.2f GB/s O_DIRECT sequential (%.2f GB probed)\n", r->disk_gbps, r->probe_bytes / 1e9);
+    printf("disk: %.2f GB/s O_DIRECT sequential, best of:", r->disk_gbps);
+    for (int i = 0; i <= PROBE_PATTERNS; i++)
+        printf("%s %s%s %.2f", i ? ";" : "", probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
+               i < PROBE_PATTERNS ? "" : " (after decoding)", r->probe.gbps[i]);
+    printf(" (%.2f GB probed)\nreader: %s\n", r->probe.bytes / 1e9, r->s2.io_uring ? "io_uring" : "pread pool");
     printf("prefill: %d tokens in %.2f s; experts read %llu (%.2f GB) for %llu unique (layer, expert) needed\n",
            r->prompt, r->prefill_s, (unsigned long long)pre_loads, pre_exp / 1e9, (unsigned long long)pre_req);
     printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (ratio %.2f)\n", r->n, spt, floor,
@@ -154,6 +245,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  per token: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->prof.spine_read / n, r->prof.expert_read / n,
            r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
+    if (r->s2.lookahead_requests || la_loads)
+        printf("  look-ahead: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n", 100 * recall,
+               la_loads / n);
     printf("  peak RSS %.2f GiB\n", r->rss_peak / 1073741824.0);
 }
 
@@ -165,7 +259,7 @@ int bench_model(int argc, char **argv) {
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     int json = 0, c, n = 8, prompt = 8;
-    double probe_gb = 2;
+    double probe_gb = 1.5;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:h", lo, NULL)) != -1) {
         int s = cli_storage_opt(c, optarg, &opts);
@@ -192,9 +286,10 @@ int bench_model(int argc, char **argv) {
     }
     bench_result r = {.n = n, .prompt = prompt};
     char perr[8192] = "";
-    r.disk_gbps = probe_disk(opts.model_dir, (uint64_t)(probe_gb * 1e9), &r.probe_bytes, perr, sizeof perr);
-    if (r.disk_gbps <= 0) {
+    uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
+    if (probe_init(&r.probe, opts.model_dir, perr, sizeof perr) || probe_all(&r.probe, probe_limit, perr, sizeof perr)) {
         fprintf(stderr, "deltafin bench: %s\n", perr);
+        probe_free(&r.probe);
         return 1;
     }
     df_error err = {0};
@@ -229,10 +324,26 @@ int bench_model(int argc, char **argv) {
         df_engine_stats(eng, &r.s2);
         df_engine_profile(eng, &r.prof);
         r.rss_peak = budget_rss_peak();
+    }
+    df_session_free(s);
+    df_engine_free(eng);   /* its memory goes back before the probe allocates buffers again */
+    s = NULL;
+    eng = NULL;
+    if (!rc) {
+        r.probe.gbps[PROBE_PATTERNS] = probe_run(&r.probe, &probe_patterns[probe_best(&r.probe)], probe_limit, perr,
+                                                 sizeof perr);
+        if (r.probe.gbps[PROBE_PATTERNS] < 0) {
+            df_error_set(&err, DF_EIO, "%s", perr);
+            rc = DF_EIO;
+        }
+    }
+    if (!rc) {
+        r.disk_gbps = probe_gbps(&r.probe);
         print_result(&r, json, opts.model_dir);
     } else {
         fprintf(stderr, "deltafin bench: %s\n", err.msg);
     }
+    probe_free(&r.probe);
     free(ids);
     free(r.tokens);
     free(logits);

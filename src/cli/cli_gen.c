@@ -14,7 +14,7 @@
 const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
     {"model", 1, 0, 'm'}, {"threads", 1, 0, 't'}, {"temp", 1, 0, 1001}, {"top-p", 1, 0, 1002},
     {"top-k", 1, 0, 1003}, {"seed", 1, 0, 1004}, {"min-p", 1, 0, 1005}, {"profile", 0, 0, 1006},
-    {"max-tokens", 1, 0, 'n'}, {"remote", 1, 0, CLI_OPT_REMOTE}, {0, 0, 0, 0}};
+    {"max-tokens", 1, 0, 'n'}, CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
 
 const char *cli_gen_usage(void) {
     return "  -m, --model DIR     model folder (default: $DELTAFIN_MODEL or models/default)\n"
@@ -24,7 +24,7 @@ const char *cli_gen_usage(void) {
            "  --top-p P --top-k K --min-p P   sampling filters (default off)\n"
            "  --seed S            sampling seed (default 0)\n"
            "  --profile           print the per-phase time of each token\n"
-           "  --remote URL        partial install: stream missing experts from this repository\n";
+           "storage options:\n" CLI_STORAGE_USAGE;
 }
 
 void cli_gen_opts_default(cli_gen_opts *o) {
@@ -63,8 +63,7 @@ int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
     case 1004: return parse_int(arg, 0, 0x7fffffffL, &v) < 0 ? -1 : (o->sp.seed = (uint64_t)v, 1);
     case 1005: return parse_float(arg, 0.0f, 1.0f, &o->sp.min_p);
     case 1006: o->profile = 1; return 1;
-    case CLI_OPT_REMOTE: o->eng.remote_url = arg; return 1;
-    default: return 0;
+    default: return cli_storage_opt(opt, arg, &o->eng);
     }
 }
 

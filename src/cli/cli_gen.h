@@ -5,6 +5,7 @@
 
 #include <signal.h>
 #include "deltafin.h"
+#include "cli_opts.h"
 #include "sample/generate.h"
 #include "tokenizer/tokenizer.h"
 
@@ -29,7 +30,7 @@ void cli_gen_opts_default(cli_gen_opts *o);
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
 /* The getopt_long entries cli_gen_parse understands (short options: m: n: t:); terminated by a zero entry
  * at index CLI_GEN_N_LONGOPTS. */
-#define CLI_GEN_N_LONGOPTS 10
+#define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS)
 extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
 const char *cli_gen_usage(void);
 

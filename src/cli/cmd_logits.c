@@ -6,29 +6,33 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "cli_opts.h"
 #include "deltafin.h"
 #include "common/prompt.h"
 #include "common/util.h"
 
 static void usage(void) {
-    fprintf(stderr, "usage: deltafin logits -m DIR --prompt prompt.json -o out.f32 [--threads N] [--remote URL]\n");
+    fprintf(stderr, "usage: deltafin logits -m DIR --prompt prompt.json -o out.f32 [--threads N] [storage options]\n"
+                    "storage options:\n" CLI_STORAGE_USAGE);
 }
 
 int cmd_logits(int argc, char **argv) {
     static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"prompt", 1, 0, 'p'}, {"output", 1, 0, 'o'},
-                                             {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'}, {"remote", 1, 0, 'r'},
+                                             {"threads", 1, 0, 't'}, {"help", 0, 0, 'h'}, CLI_STORAGE_LONGOPTS,
                                              {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     const char *prompt = NULL, *outp = NULL;
     int c;
     while ((c = getopt_long(argc, argv, "m:p:o:t:h", longopts, NULL)) != -1) {
+        int so = cli_storage_opt(c, optarg, &opts);
+        if (so < 0) return 2;
+        if (so) continue;
         switch (c) {
         case 'm': opts.model_dir = optarg; break;
         case 'p': prompt = optarg; break;
         case 'o': outp = optarg; break;
         case 't': opts.n_threads = atoi(optarg); break;
-        case 'r': opts.remote_url = optarg; break;
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }

@@ -6,14 +6,16 @@
 #include <stdlib.h>
 #include <string.h>
 #include "cli.h"
+#include "cli_opts.h"
 #include "server/server.h"
 
 static void serve_usage(FILE *f) {
     fprintf(f, "usage: deltafin serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--queue 16]\n"
-               "                      [--max-tokens 4096] [--threads N] [--keepalive SECONDS]\n"
+               "                      [--max-tokens 4096] [--threads N] [--keepalive SECONDS] [storage options]\n"
                "  OpenAI-compatible server: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
                "  /metrics, and a chat page at /. --port 0 picks a free port. The API key may also be given in\n"
-               "  DELTAFIN_API_KEY.\n");
+               "  DELTAFIN_API_KEY.\n"
+               "storage options:\n" CLI_STORAGE_USAGE);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int hi, int *out) {
@@ -31,13 +33,19 @@ int cmd_serve(int argc, char **argv) {
     static const struct option longopts[] = {
         {"model", 1, 0, 'm'},  {"host", 1, 0, 'H'},    {"port", 1, 0, 'p'},      {"api-key", 1, 0, 'k'},
         {"queue", 1, 0, 'q'},  {"max-tokens", 1, 0, 'n'}, {"threads", 1, 0, 't'}, {"keepalive", 1, 0, 'a'},
-        {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'},   CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
     srv_opts o;
     srv_opts_default(&o);
     o.api_key = getenv("DELTAFIN_API_KEY");
     if (o.api_key && !*o.api_key) o.api_key = NULL;
+    df_engine_opts eo;
+    df_engine_opts_default(&eo);
+    o.engine = &eo;
     int c, bad = 0;
     while ((c = getopt_long(argc, argv, "m:p:t:h", longopts, NULL)) != -1) {
+        int so = cli_storage_opt(c, optarg, &eo);
+        if (so < 0) return 2;
+        if (so) continue;
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;

@@ -181,6 +181,38 @@ static int expert_apply(df_fwd *f, const df_routing *r, int e, const float *z, i
     return rc;
 }
 
+/* ---- look-ahead (optional, df_engine_opts.lookahead) ----------------------------------------------- */
+
+/* Guesses layer i+1's experts while layer i runs and hints storage to read them early. The residual stream
+ * changes little across one layer, so layer i+1's router (the same scoring and top-k as route_batch) applied
+ * to layer i's MoE input, re-normalised with layer i+1's post-attention norm weight instead of layer i's,
+ * names most of what layer i+1 will ask for. It only reads ahead: routing and results are untouched, its
+ * failures are ignored (the real pass reports them), and it never waits for layer i+1's spine. */
+static void moe_lookahead(df_fwd *f, const float *x, int T) {
+    const df_config *c = &f->m->cfg;
+    int next = f->layer + 1, d = c->d;
+    if (!f->m->lookahead || next >= c->n_layers || c->ffn[next] != FFN_MOE) return;
+    df_error err = {0};
+    df_fwd cur = {f->m, f->L, f->layer, &err}, nf = {f->m, NULL, next, &err};
+    store_layer_peek(f->m->store, next, &nf.L);
+    if (!nf.L) return;
+    float *wi = fwd_vec(&cur, "post_attention_layernorm.weight", d, 1);
+    float *wn = wi ? fwd_vec(&nf, "post_attention_layernorm.weight", d, 1) : NULL;
+    df_routing r = {0};
+    if (wn) {
+        float *xs = xmalloc((size_t)T * d * sizeof(float));
+        for (int64_t i = 0; i < (int64_t)T * d; i++) xs[i] = wi[i % d] != 0.0f ? x[i] / wi[i % d] * wn[i % d] : 0.0f;
+        if (route_batch(&nf, xs, T, &r) == DF_OK) store_experts_hint(f->m->store, next, r.uniq, r.n_uniq);
+        free(xs);
+    }
+    store_layer_release(f->m->store, nf.L);
+    free(wi);
+    free(wn);
+    free(r.ids);
+    free(r.wts);
+    free(r.uniq);
+}
+
 /* Latent projections of K3's MoE (absent for Kimi-Linear). */
 typedef struct {
     const df_tensor *down, *up;
@@ -207,6 +239,7 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     int rc = latent_get(f, &lw);
     if (!rc) rc = route_batch(f, x, T, &r);
     if (!rc) rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
+    if (!rc) moe_lookahead(f, x, T);
     float *z = NULL, *y = NULL;
     if (!rc) {
         if (lw.down) {

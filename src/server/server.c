@@ -62,6 +62,7 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
     s->started = (long long)time(NULL);
     df_engine_opts eo;
     df_engine_opts_default(&eo);
+    if (o->engine) eo = *o->engine;
     eo.model_dir = o->model_dir;
     eo.n_threads = o->n_threads;
     int rc = df_engine_open(&s->eng, &eo, err);

@@ -17,6 +17,7 @@ typedef struct srv_opts {
     int n_threads;            /* engine threads; 0 = all cores */
     double keepalive_s;       /* SSE comment while nothing else is sent (default 5 s) */
     size_t max_body;          /* request body limit in bytes (default 16 MiB) */
+    const df_engine_opts *engine;   /* storage options etc. (model_dir, n_threads above win); NULL = defaults */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);

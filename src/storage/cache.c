@@ -40,6 +40,8 @@ struct ecache {
     int *pq_ids;
     int pq_cap;
     int loading;
+    uint8_t *hinted;     /* key -> named by the layer's last hint */
+    uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
     ecache_stats st;
 };
 
@@ -62,6 +64,8 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
     c->slots = xcalloc((size_t)n_slots, sizeof *c->slots);
     for (int i = 0; i < n_slots; i++)
         c->slots[i] = (ec_slot){.c = c, .layer = -1, .e = -1, .mem = c->mem + (size_t)i * slot_bytes};
+    c->hinted = xcalloc((size_t)c->base[n_layers] + 1, 1);
+    c->hint_layer = xcalloc((size_t)n_layers + 1, 1);
     c->pool = pool;
     c->load = load;
     c->ctx = ctx;
@@ -82,6 +86,8 @@ void ecache_free(ecache *c) {
     free(c->map);
     free(c->base);
     free(c->pq_ids);
+    free(c->hinted);
+    free(c->hint_layer);
     free(c);
 }
 
@@ -158,8 +164,34 @@ static void ec_top_up(ecache *c) {
     }
 }
 
+/* Lock held. Scores a layer's hint against what the layer really asks for, then forgets it. */
+static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
+    if (!c->hint_layer[layer]) return;
+    c->hint_layer[layer] = 0;
+    c->st.hint_requests += (uint64_t)n;
+    for (int i = 0; i < n; i++) c->st.hint_recalled += c->hinted[ec_key(c, layer, ids[i])];
+    memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
+}
+
+void ecache_hint(ecache *c, int layer, const int *ids, int n) {
+    pthread_mutex_lock(&c->mu);
+    memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
+    c->hint_layer[layer] = 1;
+    for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
+    for (int i = 0; i < n; i++) {
+        if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
+        int v = ec_victim(c, 0);
+        if (v < 0) break;
+        ec_slot *s = ec_bind(c, v, layer, ids[i]);
+        c->st.hint_loads++;
+        io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
+    }
+    pthread_mutex_unlock(&c->mu);
+}
+
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     pthread_mutex_lock(&c->mu);
+    ec_hint_score(c, layer, ids, n);
     for (int i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
     if (n > c->pq_cap) {
         c->pq_cap = n;

@@ -4,7 +4,8 @@
  * A prefetch list is loaded in order as far as free slots allow and topped up as slots are released, so a
  * layer whose selection exceeds the bank still streams. Concurrent requests for one expert share one read.
  * The bytes are filled by a load callback (storage's reader), run on the I/O pool for prefetches and on the
- * requesting thread for unannounced misses. */
+ * requesting thread for unannounced misses. Look-ahead hints read experts of a coming layer into otherwise idle
+ * slots at low priority. */
 #ifndef DF_STORE_CACHE_H
 #define DF_STORE_CACHE_H
 
@@ -23,6 +24,9 @@ typedef struct ecache_stats {
     uint64_t loads;          /* load callbacks run */
     uint64_t waits;          /* acquires that found their expert still being read */
     uint64_t evictions;
+    uint64_t hint_loads;     /* reads started by look-ahead hints */
+    uint64_t hint_requests;  /* experts prefetched for layers that had a hint */
+    uint64_t hint_recalled;  /* of those, experts the hint had named */
     int slots;
     size_t slot_bytes;
 } ecache_stats;
@@ -33,6 +37,10 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
 void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
+/* Low-priority guess (next-layer look-ahead): reads those of these experts that are not cached into slots
+ * that hold nothing wanted or pinned, at low I/O priority; they stay ordinary LRU entries. Leaves the prefetch
+ * list alone. The next prefetch of this layer counts how many of its experts the hint named (recall). */
+void ecache_hint(ecache *c, int layer, const int *ids, int n);
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);
 void ecache_release(ecache *c, int layer, int e);
 void ecache_get_stats(ecache *c, ecache_stats *out);

@@ -34,11 +34,30 @@ struct io_source {
     atomic_uint_fast64_t bytes;      /* bytes transferred from the medium (alignment padding included) */
     atomic_uint_fast64_t reads;      /* read calls */
     atomic_int direct_fallbacks;     /* files that refused O_DIRECT and are read buffered */
+    int kind;                        /* IO_KIND_PREAD or IO_KIND_URING (set by the source) */
 };
 
-/* Local files. direct: try O_DIRECT (falls back per file to buffered pread + POSIX_FADV_DONTNEED when the
- * file system refuses it); 0: always buffered. */
+/* How a local source issues O_DIRECT reads: a pread loop per call (one request per span, parallelism from the
+ * I/O pool's threads), or io_uring (each span split into IO_URING_CHUNK requests, all in flight at once, on
+ * a ring borrowed per call). IO_KIND_DEFAULT is the one measured faster here (docs/PERFORMANCE.md). */
+enum { IO_KIND_DEFAULT = 0, IO_KIND_PREAD = 1, IO_KIND_URING = 2 };
+#define IO_URING_CHUNK (1u << 20)
+
+typedef struct io_local_opts {
+    int direct;      /* try O_DIRECT (falls back per file to buffered pread + POSIX_FADV_DONTNEED when the file
+                        system refuses it); 0: always buffered */
+    int kind;        /* IO_KIND_*; io_uring falls back to pread when rings cannot be set up (old kernel, seccomp) */
+} io_local_opts;
+
+/* Local files. The environment variable DELTAFIN_TEST_NO_DIRECT, read once here, makes O_DIRECT fail for
+ * chosen files so tests reach the fallback: a comma-separated list of "open:NAME" (open(O_DIRECT) fails with
+ * EINVAL) and "read:NAME" (direct reads fail with EINVAL), NAME a file's base name or "*". */
+int io_local_open_ex(io_source **out, int n_files, const char *const *paths, const io_local_opts *o,
+                     df_error *err);
+/* The same with the default kind. */
 int io_local_open(io_source **out, int n_files, const char *const *paths, int direct, df_error *err);
+/* The kind a source actually uses (IO_KIND_PREAD after an io_uring fallback); IO_KIND_PREAD for non-local. */
+int io_source_kind(const io_source *s);
 static inline void io_source_free(io_source *s) { if (s) s->free(s); }
 
 /* A pool of threads that run blocking reads; high-priority jobs (expert reads the model waits for) are

@@ -198,9 +198,10 @@ static sp_buf *sp_holding(spine *sp, int unit) {
     return NULL;
 }
 
-/* Lock held. Fills idle stream buffers with the next streamed units not yet held. */
+/* Lock held. Fills idle stream buffers with the next streamed units not yet held. A buffer already holding
+ * the very next unit is not idle even when nobody uses it yet (reusing it would read that unit twice). */
 static void sp_read_ahead(spine *sp) {
-    int want = sp->last;
+    int want = sp->last, next = sp_next_streamed(sp, sp->last);
     for (int tries = 0; tries < 2; tries++) {
         want = sp_next_streamed(sp, want);
         if (want < 0 || want == sp->last) return;
@@ -208,7 +209,7 @@ static void sp_read_ahead(spine *sp) {
         sp_buf *free_b = NULL;
         for (int b = 0; b < 2 && !free_b; b++) {
             sp_buf *x = &sp->stream[b];
-            if (!x->in_use && x->status != BUF_LOADING) free_b = x;
+            if (!x->in_use && x->status != BUF_LOADING && !(x->status == BUF_READY && x->unit == next)) free_b = x;
         }
         if (!free_b) return;
         sp_start(sp, free_b, want, IO_PRIO_LOW);
@@ -249,6 +250,23 @@ int spine_acquire(spine *sp, int unit, uint8_t **base, df_error *err) {
     sp_read_ahead(sp);
     pthread_mutex_unlock(&sp->mu);
     return rc;
+}
+
+int spine_peek(spine *sp, int unit, uint8_t **base) {
+    DF_ASSERT(unit >= 0 && unit < sp->n);
+    if (sp->u[unit].resident) {
+        *base = sp->res[unit].mem;
+        return 1;
+    }
+    pthread_mutex_lock(&sp->mu);
+    sp_buf *b = sp_holding(sp, unit);
+    int ok = b && b->status == BUF_READY && !b->in_use;
+    if (ok) {
+        b->in_use = 1;
+        *base = b->mem;
+    }
+    pthread_mutex_unlock(&sp->mu);
+    return ok;
 }
 
 void spine_release(spine *sp, int unit) {

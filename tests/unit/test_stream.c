@@ -21,6 +21,8 @@
 typedef struct run_cfg {
     const char *label;
     int slots, stream, buffered;
+    int io_mode, lookahead;
+    const char *no_direct;   /* DELTAFIN_TEST_NO_DIRECT while the engine opens (io.h) */
 } run_cfg;
 
 /* Evaluates prefill as one batch then each decode token; returns all rows of logits (caller frees). */
@@ -33,9 +35,13 @@ static float *run_logits(const char *dir, const run_cfg *c, const int32_t *pre, 
     o.expert_cache_slots = c->slots;
     o.spine_stream = c->stream;
     o.buffered_io = c->buffered;
+    o.io_mode = c->io_mode;
+    o.lookahead = c->lookahead;
     df_engine *eng = NULL;
     df_session *s = NULL;
+    if (c->no_direct) setenv("DELTAFIN_TEST_NO_DIRECT", c->no_direct, 1);
     int rc = df_engine_open(&eng, &o, err);
+    unsetenv("DELTAFIN_TEST_NO_DIRECT");
     if (!rc) rc = df_session_init(&s, eng, err);
     float *got = NULL;
     if (!rc) {
@@ -64,17 +70,30 @@ static void check_fixture(const char *dir, const char *name) {
         CHECK(0, "%s: prompt: %s", name, err.msg);
         return;
     }
-    static const run_cfg cfgs[] = {{"default", 0, 0, 0},
-                                   {"1 slot, spine streamed, O_DIRECT", 1, 1, 0},
-                                   {"3 slots, spine streamed, buffered", 3, 1, 1}};
-    df_stats st[3];
+    static const run_cfg cfgs[] = {
+        {"default", 0, 0, 0, 0, 0, NULL},
+        {"1 slot, spine streamed, O_DIRECT", 1, 1, 0, 0, 0, NULL},
+        {"3 slots, spine streamed, buffered", 3, 1, 1, 0, 0, NULL},
+        {"2 slots, look-ahead, pread pool", 2, 0, 0, 1, 1, NULL},
+        {"5 slots, look-ahead, spine streamed, io_uring", 5, 1, 0, 2, 1, NULL},
+        {"2 slots, O_DIRECT refused at read -> buffered fallback", 2, 0, 0, 0, 0, "read:*"},
+        {"2 slots, O_DIRECT refused at open -> buffered fallback", 2, 1, 0, 0, 0, "open:*"}};
+    enum { N_CFG = sizeof cfgs / sizeof cfgs[0] };
+    df_stats st[N_CFG];
     float *ref = run_logits(dir, &cfgs[0], pre, np, dec, nd, &V, &st[0], &err);
     CHECK(ref != NULL, "%s: default run (%s)", name, ref ? "ok" : err.msg);
-    for (int k = 1; ref && k < 3; k++) {
+    for (int k = 1; ref && k < N_CFG; k++) {
         float *got = run_logits(dir, &cfgs[k], pre, np, dec, nd, &V, &st[k], &err);
         CHECK(got && !memcmp(got, ref, (size_t)(np + nd) * V * sizeof(float)),
               "%s: %s: logits bit-identical to the default path (%s)", name, cfgs[k].label, got ? "compared" : err.msg);
-        if (got && st[k].expert_requests)
+        if (got && cfgs[k].no_direct)
+            CHECK(st[k].direct_fallbacks > 0, "%s: %s: the refusal was seen (%d files fell back)", name,
+                  cfgs[k].label, st[k].direct_fallbacks);
+        if (got && cfgs[k].lookahead)
+            CHECK(st[k].lookahead_recalled <= st[k].lookahead_requests, "%s: %s: %llu of %llu next-layer experts "
+                  "guessed, %llu guessed reads", name, cfgs[k].label, (unsigned long long)st[k].lookahead_recalled,
+                  (unsigned long long)st[k].lookahead_requests, (unsigned long long)st[k].lookahead_loads);
+        if (got && st[k].expert_requests && k < 3)
             CHECK(st[k].expert_loads > (uint64_t)st[k].cache_slots && st[k].streamed_layers > 0,
                   "%s: %s: cache evicted (%llu reads into %d slots), %d layers streamed", name, cfgs[k].label,
                   (unsigned long long)st[k].expert_loads, st[k].cache_slots, st[k].streamed_layers);
