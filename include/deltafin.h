@@ -34,6 +34,10 @@ typedef struct df_error {
 typedef struct df_engine df_engine;
 typedef struct df_session df_session;
 
+/* Which spine weights an engine uses: the checkpoint's own (BF16 in the released models; lossless), or the
+ * per-row int8 copies `deltafin quantize --spine int8` writes beside it (lossy; opening fails if absent). */
+enum { DF_SPINE_BF16 = 0, DF_SPINE_INT8 = 1 };
+
 typedef struct df_engine_opts {
     const char *model_dir;
     int n_threads;            /* 0 = all online cores */
@@ -46,10 +50,7 @@ typedef struct df_engine_opts {
     int buffered_io;          /* 1: buffered reads + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;           /* I/O threads; 0 = 8 */
     const char *remote_url;   /* issue 6: a partial install streams missing experts from this repository URL */
-    int io_mode;              /* O_DIRECT reader: 0 = the faster one measured here (io_uring), 1 = pread thread
-                                 pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
-    int lookahead;            /* 1: predict layer i+1's experts with its router on layer i's MoE input and read
-                                 them early (never changes results); 0 = off (the default: it did not pay) */
+    int spine;                /* issue 4: DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -97,10 +98,6 @@ typedef struct df_stats {
     uint64_t expert_bytes;                 /* bytes of one routed expert (largest) */
     int cache_slots, streamed_layers;      /* streamed_layers: spine re-read every pass (0: all resident) */
     int direct_fallbacks;                  /* files read buffered because O_DIRECT was refused */
-    int io_uring;                          /* expert reads go through io_uring (else the pread pool) */
-    uint64_t lookahead_loads;              /* expert reads started by look-ahead guesses */
-    uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
-                                                          how many of them the guess named (recall) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

@@ -50,19 +50,11 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         }
         return 1;
     case CLI_OPT_REMOTE: o->remote_url = arg; return 1;
-    case CLI_OPT_IO:
-        if (!strcmp(arg, "pread")) o->io_mode = 1;
-        else if (!strcmp(arg, "uring")) o->io_mode = 2;
+    case CLI_OPT_SPINE:
+        if (!strcmp(arg, "bf16")) o->spine = DF_SPINE_BF16;
+        else if (!strcmp(arg, "int8")) o->spine = DF_SPINE_INT8;
         else {
-            fprintf(stderr, "deltafin: --io: expected pread or uring, got '%s'\n", arg);
-            return -1;
-        }
-        return 1;
-    case CLI_OPT_LOOKAHEAD:
-        if (!arg || !strcmp(arg, "on")) o->lookahead = 1;
-        else if (!strcmp(arg, "off")) o->lookahead = 0;
-        else {
-            fprintf(stderr, "deltafin: --lookahead: expected on or off, got '%s'\n", arg);
+            fprintf(stderr, "deltafin: --spine: expected bf16 or int8, got '%s'\n", arg);
             return -1;
         }
         return 1;

@@ -4,19 +4,23 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "cli.h"
+#include "cli_opts.h"
 #include "deltafin.h"
 #include "common/util.h"
 
 int cmd_info(int argc, char **argv) {
-    static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+    static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"help", 0, 0, 'h'}, CLI_STORAGE_LONGOPTS,
+                                             {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     opts.n_threads = 1;
     int c;
     while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {
+        int s = cli_storage_opt(c, optarg, &opts);
+        if (s > 0) continue;
         if (c == 'm') opts.model_dir = optarg;
         else {
-            fprintf(stderr, "usage: deltafin info -m DIR\n");
+            fprintf(stderr, "usage: deltafin info -m DIR [storage options, e.g. --spine int8]\n");
             return c == 'h' ? 0 : 2;
         }
     }

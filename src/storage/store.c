@@ -24,6 +24,7 @@
 #include "io.h"
 #include "safetensors.h"
 #include "spine.h"
+#include "int8_spine.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -47,6 +48,7 @@ typedef struct store_item {
     const char *key;
     store_ref ref;
     int usable;
+    int int8;            /* view is an int8 spine span (scales then rows), see int8_spine.h */
     df_tensor view;
 } store_item;
 
@@ -105,6 +107,11 @@ struct df_store {
     uint64_t slot_bytes, reserve_bytes;
     int64_t n_experts_total;
     atomic_uint_fast64_t expert_requests;
+    /* int8 spine: the sidecar's shards follow the checkpoint's in shards[]; spans are what items point at */
+    st_tensor *int8_spans;
+    int *int8_shard;                 /* per span: its shard */
+    int n_int8, n_int8_files;
+    uint64_t int8_bytes, int8_replaced_bytes;
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -464,6 +471,83 @@ static int store_build_tables(df_store *st, const store_refs *refs, int cfg_laye
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
+/* The int8 spine (issue 4; format in int8_spine.h). With opts.spine_int8, every spine item whose checkpoint
+ * tensor has an int8 copy in the sidecar points at that copy instead: one byte range holding the fp16 row
+ * scales then the int8 rows, which the mapping, the memory plan and spine streaming then size, read and place
+ * like any other tensor (store_item_place splits it into scale and data). */
+
+static void store_item_place(store_item *it, const uint8_t *p) {
+    if (it->int8) int8_spine_place(&it->view, p);
+    else it->view.data = p;
+}
+
+static void store_int8_point(df_store *st, store_item *it, int span) {
+    const st_tensor *t = &st->int8_spans[span];
+    it->ref = (store_ref){st->int8_shard[span], t};
+    it->usable = 1;
+    it->int8 = 1;
+    it->view = (df_tensor){.name = t->name, .dtype = DF_DT_I8, .ndim = 2, .shape = {t->shape[0], t->shape[1]}};
+    int8_spine_place(&it->view, t->data);
+}
+
+static int store_int8_swap(df_store *st, store_item *it, int first_shard, df_error *err) {
+    const st_tensor *src = it->ref.t;
+    for (int i = 0; i < st->n_int8; i++)
+        if (!strcmp(st->int8_spans[i].name, src->name)) {   /* an alias of a tensor already swapped */
+            store_int8_point(st, it, i);
+            return DF_OK;
+        }
+    for (int s = first_shard; s < st->n_shards; s++) {
+        st_tensor span;
+        int found = int8_spine_find(&st->shards[s], src->name, &span, err);
+        if (found < 0) return found;
+        if (!found) continue;
+        if (src->ndim != 2 || span.shape[0] != src->shape[0] || span.shape[1] != src->shape[1])
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s' is [%lld, %lld] but the checkpoint's is %s; the int8 "
+                                "spine was written for another checkpoint (rerun `deltafin quantize --spine int8`)",
+                                st->shards[s].path, src->name, (long long)span.shape[0], (long long)span.shape[1],
+                                src->ndim == 2 ? "another shape" : "not a matrix"), DF_EFORMAT;
+        st->int8_spans[st->n_int8] = span;
+        st->int8_shard[st->n_int8] = s;
+        st->spine_bytes = st->spine_bytes - (src->end - src->begin) + (span.end - span.begin);
+        st->int8_replaced_bytes += src->end - src->begin;
+        st->int8_bytes += span.end - span.begin;
+        store_int8_point(st, it, st->n_int8++);
+        return DF_OK;
+    }
+    if (int8_spine_eligible(src->name, src->dtype, src->ndim, src->shape))
+        return df_error_set(err, DF_EFORMAT, "%s: the int8 spine has no copy of '%s'; it was written for another "
+                            "checkpoint or by an older rule (rerun `deltafin quantize --spine int8`)", st->dir,
+                            src->name), DF_EFORMAT;
+    return DF_OK;
+}
+
+static int store_use_int8_spine(df_store *st, df_error *err) {
+    if (!st->opts.spine_int8) return DF_OK;
+    char **files;
+    int n, rc = int8_spine_files(st->dir, &files, &n, err), first = st->n_shards;
+    if (!rc && !n)
+        rc = (df_error_set(err, DF_EIO, "%s: the int8 spine was asked for, but the folder has no %s; write it with "
+                           "`deltafin quantize -m %s --spine int8`", st->dir, INT8_SPINE_FILE, st->dir), DF_EIO);
+    for (int i = 0; i < n; i++) {
+        if (!rc) rc = store_add_shard(st, files[i], err);
+        free(files[i]);
+    }
+    free(files);
+    st->n_int8_files = n;
+    int64_t items = st->n_globals;
+    for (int l = 0; l < st->n_layers; l++) items += st->layers[l].n;
+    st->int8_spans = xcalloc((size_t)items + 1, sizeof *st->int8_spans);
+    st->int8_shard = xcalloc((size_t)items + 1, sizeof *st->int8_shard);
+    for (int l = 0; l < st->n_layers && !rc; l++)
+        for (int i = 0; i < st->layers[l].n && !rc; i++)
+            if (st->layers[l].items[i].usable) rc = store_int8_swap(st, &st->layers[l].items[i], first, err);
+    for (int i = 0; i < st->n_globals && !rc; i++)
+        if (st->globals[i].usable) rc = store_int8_swap(st, &st->globals[i], first, err);
+    return rc;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
 /* Routed experts: pairing, shape checks, byte spans. */
 
 static const char *store_mat_name(int m) { return m == 0 ? "w1" : m == 1 ? "w2" : "w3"; }
@@ -786,8 +870,8 @@ static int store_plan(df_store *st, df_error *err) {
         spine_acquire(st->spine, st->n_layers, &gbase, err);
         for (int i = 0; i < st->n_globals; i++)
             if (st->global_region[i] >= 0)
-                st->globals[i].view.data =
-                    spine_region_data(gbase, spine_unit_region(st->spine, st->n_layers, st->global_region[i]));
+                store_item_place(&st->globals[i],
+                                 spine_region_data(gbase, spine_unit_region(st->spine, st->n_layers, st->global_region[i])));
     }
     if (!st->n_experts_total) return DF_OK;
     int64_t slots = st->opts.cache_slots;
@@ -808,9 +892,9 @@ static int store_plan(df_store *st, df_error *err) {
 static int store_open_io(df_store *st, df_error *err) {
     const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + 1));
     for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
-    io_local_opts lo = {!st->opts.buffered_io, st->opts.io_kind};
-    int rc = io_local_open_ex(&st->src_expert, st->n_shards, paths, &lo, err);
-    if (!rc) rc = io_local_open_ex(&st->src_spine, st->n_shards, paths, &lo, err);
+    int direct = !st->opts.buffered_io;
+    int rc = io_local_open(&st->src_expert, st->n_shards, paths, direct, err);
+    if (!rc) rc = io_local_open(&st->src_spine, st->n_shards, paths, direct, err);
     free(paths);
     st->pool = io_pool_new(st->opts.io_threads > 0 ? st->opts.io_threads : STORE_IO_THREADS);
     return rc;
@@ -828,6 +912,7 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
     int rc = store_load_config(st, &cfg_layers, err);
     if (!rc) rc = store_collect(st, &refs, err);
     if (!rc) rc = store_build_tables(st, &refs, cfg_layers, err);
+    if (!rc) rc = store_use_int8_spine(st, err);
     if (!rc) rc = store_build_experts(st, err);
     if (!rc) rc = store_open_io(st, err);
     if (!rc) rc = store_plan(st, err);
@@ -848,6 +933,8 @@ void store_free(df_store *st) {
     io_source_free(st->src_expert);
     io_source_free(st->src_spine);
     free(st->global_region);
+    free(st->int8_spans);
+    free(st->int8_shard);
     for (int i = 0; i < st->n_shards; i++) st_file_close(&st->shards[i]);
     free(st->shards);
     for (int l = 0; l < st->n_layers; l++) {
@@ -923,7 +1010,7 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
         int rc = spine_acquire(st->spine, layer, &base, err);
         if (rc) return rc;
         for (int i = 0; i < l->n; i++)
-            l->items[i].view.data = spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i]));
+            store_item_place(&l->items[i], spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i])));
     }
     *out = l;
     return DF_OK;
@@ -932,17 +1019,6 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
 const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix) {
     const store_item *it = store_find_item(l->items, l->n, suffix);
     return it && it->usable ? &it->view : NULL;
-}
-
-void store_layer_peek(df_store *st, int layer, const df_store_layer **out) {
-    *out = NULL;
-    if (layer < 0 || layer >= st->n_layers || st->layers[layer].bad >= 0) return;
-    df_store_layer *l = &st->layers[layer];
-    uint8_t *base = NULL;
-    if (st->spine && !spine_peek(st->spine, layer, &base)) return;
-    for (int i = 0; st->spine && i < l->n; i++)
-        l->items[i].view.data = spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i]));
-    *out = l;
 }
 
 void store_layer_release(df_store *st, const df_store_layer *l) {
@@ -974,14 +1050,6 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
     return DF_OK;
 }
 
-void store_experts_hint(df_store *st, int layer, const int *ids, int n) {
-    int *ok = xmalloc(sizeof *ok * ((size_t)n + 1)), m = 0;
-    for (int i = 0; i < n; i++)
-        if (store_expert_locate(st, layer, ids[i])) ok[m++] = ids[i];
-    if (m) ecache_hint(st->cache, layer, ok, m);
-    free(ok);
-}
-
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
     int rc = store_expert_check_range(st, layer, e, err);
     if (rc) return rc;
@@ -1003,11 +1071,7 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->expert_waits = c.waits;
         o->cache_slots = c.slots;
         o->cache_bytes = (uint64_t)c.slots * c.slot_bytes;
-        o->hint_loads = c.hint_loads;
-        o->hint_requests = c.hint_requests;
-        o->hint_recalled = c.hint_recalled;
     }
-    o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
     o->expert_requests = atomic_load(&st->expert_requests);
     o->expert_disk_bytes = atomic_load(&st->src_expert->bytes);
     o->spine_disk_bytes = atomic_load(&st->src_spine->bytes);
@@ -1124,6 +1188,14 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
     store_printf(&b, "\nlayers: %d\n", st->n_layers);
     if (st->n_copies)
         store_printf(&b, "misaligned tensors copied to aligned memory: %d\n", st->n_copies);
+    if (st->n_int8) {
+        store_printf(&b, "int8 spine: %d matrices from %d file%s (%s), ", st->n_int8, st->n_int8_files,
+                     st->n_int8_files > 1 ? "s" : "", st->n_int8_files > 1 ? INT8_SPINE_INDEX : INT8_SPINE_FILE);
+        store_print_bytes(&b, st->int8_bytes);
+        store_printf(&b, " in place of ");
+        store_print_bytes(&b, st->int8_replaced_bytes);
+        store_printf(&b, "\n");
+    }
     store_describe_experts(st, &b);
     store_printf(&b, "dtypes (text tensors):");
     for (int i = 0; i < st->n_dtypes; i++)

@@ -1,0 +1,442 @@
+/* int8_spine.c — the int8 spine sidecar (see int8_spine.h): which tensors are quantised, the per-row
+ * quantiser, the streaming writer behind `deltafin quantize --spine int8`, and the reader side storage uses
+ * to find a quantised tensor's byte range. */
+#include "int8_spine.h"
+
+#include <jansson.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "../common/util.h"
+
+#define INT8_PREFIX "language_model."
+#define INT8_MIN_DIM 64
+#define INT8_DEFAULT_SHARD (4ull << 30)
+#define INT8_HEADER_ALIGN 64
+
+static int int8_ends_with(const char *s, const char *suffix) {
+    size_t a = strlen(s), b = strlen(suffix);
+    return a >= b && !strcmp(s + a - b, suffix);
+}
+
+int int8_spine_eligible(const char *name, df_dtype dt, int ndim, const int64_t *shape) {
+    if (ndim != 2 || shape[0] < INT8_MIN_DIM || shape[1] < INT8_MIN_DIM || shape[1] % 2) return 0;
+    if (dt != DF_DT_F32 && dt != DF_DT_BF16 && dt != DF_DT_F16) return 0;
+    if (!strncmp(name, INT8_PREFIX, strlen(INT8_PREFIX))) name += strlen(INT8_PREFIX);
+    if (strncmp(name, "model.", 6) && strncmp(name, "lm_head.", 8)) return 0;
+    if (strstr(name, ".experts.")) return 0;                     /* routed experts ("shared_experts." is not) */
+    if (int8_ends_with(name, ".gate.weight")) return 0;           /* MoE router */
+    if (strstr(name, "kv_b_proj")) return 0;
+    return 1;
+}
+
+uint16_t int8_quantize_row(const float *w, int64_t n, int8_t *q) {
+    float amax = 0.0f;
+    for (int64_t i = 0; i < n; i++) {
+        if (!isfinite(w[i])) return INT8_BAD_SCALE;
+        amax = fmaxf(amax, fabsf(w[i]));
+    }
+    uint16_t h = df_f32_to_f16(amax / 127.0f);
+    float s = df_f16_to_f32(h);
+    if (!isfinite(s)) return INT8_BAD_SCALE;
+    if (s == 0.0f) {
+        memset(q, 0, (size_t)n);
+        return 0;
+    }
+    float inv = 1.0f / s;
+    for (int64_t i = 0; i < n; i++) {
+        long v = lrintf(w[i] * inv);
+        q[i] = (int8_t)(v > 127 ? 127 : v < -127 ? -127 : v);
+    }
+    return h;
+}
+
+void int8_spine_place(df_tensor *v, const uint8_t *span) {
+    v->scale = span;
+    v->data = span + 2 * v->shape[0];
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Reading */
+
+int int8_spine_files(const char *dir, char ***files, int *n, df_error *err) {
+    *files = NULL;
+    *n = 0;
+    char *index = df_path_join(dir, INT8_SPINE_INDEX), *single = df_path_join(dir, INT8_SPINE_FILE);
+    int rc = DF_OK;
+    if (access(index, F_OK) == 0) {
+        json_error_t je;
+        json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
+        json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
+        if (!json_is_object(wm)) {
+            rc = DF_EFORMAT;
+            df_error_set(err, rc, "%s: %s", index, root ? "missing \"weight_map\" object" : je.text);
+        }
+        const char *name;
+        json_t *val;
+        if (!rc) json_object_foreach(wm, name, val) {
+            const char *f = json_string_value(val);
+            if (!f || !*f || strchr(f, '/')) {
+                rc = DF_EFORMAT;
+                df_error_set(err, rc, "%s: tensor '%s': shard must be a file name in the model folder", index, name);
+                break;
+            }
+            int seen = 0;
+            for (int i = 0; i < *n && !seen; i++) seen = !strcmp((*files)[i], f);
+            if (seen) continue;
+            *files = xrealloc(*files, sizeof **files * (size_t)(*n + 1));
+            (*files)[(*n)++] = xstrdup(f);
+        }
+        json_decref(root);
+    } else if (access(single, F_OK) == 0) {
+        *files = xmalloc(sizeof **files);
+        (*files)[0] = xstrdup(INT8_SPINE_FILE);
+        *n = 1;
+    }
+    free(index);
+    free(single);
+    return rc;
+}
+
+int int8_spine_find(const st_file *f, const char *name, st_tensor *span, df_error *err) {
+    const st_tensor *q = st_file_find(f, name);
+    if (!q) return 0;
+    size_t len = strlen(name);
+    char *sname = xmalloc(len + sizeof INT8_SPINE_SCALE_SUFFIX);
+    memcpy(sname, name, len);
+    memcpy(sname + len, INT8_SPINE_SCALE_SUFFIX, sizeof INT8_SPINE_SCALE_SUFFIX);
+    const st_tensor *s = st_file_find(f, sname);
+    free(sname);
+    if (q->dtype != DF_DT_I8 || q->ndim != 2 || !s || s->dtype != DF_DT_F16 || s->ndim != 1 ||
+        s->shape[0] != q->shape[0] || s->end != q->begin || st_tensor_offset(f, s) % 2)
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': not an int8 spine pair (need I8 [out, in] right "
+                            "after its F16 [out] '%s%s' at an even offset; rewrite with `deltafin quantize`)",
+                            f->path, name, name, INT8_SPINE_SCALE_SUFFIX), DF_EFORMAT;
+    *span = *q;
+    span->begin = s->begin;
+    span->elem_size = 2;
+    span->data = s->data;
+    return 1;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Writing */
+
+typedef struct int8_src {
+    int file;
+    const st_tensor *t;
+} int8_src;
+
+typedef struct int8_writer {
+    const char *dir;
+    int n_files;
+    st_file *files;
+    char **names;         /* files[i]'s name in the model folder */
+    int8_src *v;          /* tensors to quantise, in checkpoint order */
+    int n, cap;
+    int8_write_stats *stats;
+} int8_writer;
+
+static int int8_open_source(int8_writer *w, const char *file, df_error *err) {
+    for (int i = 0; i < w->n_files; i++)
+        if (!strcmp(w->names[i], file)) return i;
+    char *path = df_path_join(w->dir, file);
+    w->files = xrealloc(w->files, sizeof *w->files * (size_t)(w->n_files + 1));
+    w->names = xrealloc(w->names, sizeof *w->names * (size_t)(w->n_files + 1));
+    int rc = st_file_open(&w->files[w->n_files], path, err);
+    free(path);
+    if (rc) return rc;
+    w->names[w->n_files] = xstrdup(file);
+    return w->n_files++;
+}
+
+static void int8_consider(int8_writer *w, int file, const st_tensor *t, int prefixed) {
+    const char *rel = t->name;
+    if (prefixed) {
+        if (strncmp(rel, INT8_PREFIX, strlen(INT8_PREFIX))) return;
+        rel += strlen(INT8_PREFIX);
+    }
+    if (strncmp(rel, "model.", 6) && strncmp(rel, "lm_head.", 8)) return;
+    if (strstr(rel, ".experts.")) return;
+    w->stats->spine_bytes += t->end - t->begin;
+    if (!int8_spine_eligible(t->name, t->dtype, t->ndim, t->shape)) return;
+    if (w->n == w->cap) {
+        w->cap = w->cap ? 2 * w->cap : 256;
+        w->v = xrealloc(w->v, sizeof *w->v * (size_t)w->cap);
+    }
+    w->v[w->n++] = (int8_src){file, t};
+}
+
+static int int8_cmp_src(const void *a, const void *b) {
+    const int8_src *x = a, *y = b;
+    if (x->file != y->file) return x->file < y->file ? -1 : 1;
+    return x->t->begin < y->t->begin ? -1 : x->t->begin > y->t->begin;
+}
+
+/* Collects the checkpoint's tensors (those the index lists, or every tensor of model.safetensors). */
+static int int8_collect(int8_writer *w, df_error *err) {
+    char *index = df_path_join(w->dir, "model.safetensors.index.json");
+    int rc = DF_OK;
+    json_t *root = NULL;
+    if (access(index, F_OK) == 0) {
+        json_error_t je;
+        root = json_load_file(index, 0, &je);
+        if (!json_is_object(json_object_get(root, "weight_map"))) {
+            rc = DF_EFORMAT;
+            df_error_set(err, rc, "%s: no \"weight_map\" object (%s)", index, root ? "" : je.text);
+        }
+    } else {
+        rc = int8_open_source(w, "model.safetensors", err);
+        rc = rc < 0 ? rc : DF_OK;
+    }
+    /* pairs (file, tensor) first, then the prefix decision, then filtering */
+    int8_src *all = NULL;
+    int64_t n_all = 0;
+    if (!rc && root) {
+        const char *name;
+        json_t *val;
+        json_object_foreach(json_object_get(root, "weight_map"), name, val) {
+            const char *f = json_string_value(val);
+            int fi = DF_EFORMAT;
+            if (f && *f && !strstr(f, "..") && f[0] != '/') fi = int8_open_source(w, f, err);
+            else df_error_set(err, fi, "%s: tensor '%s': bad shard name", index, name);
+            if (fi < 0) {
+                rc = fi;
+                break;
+            }
+            const st_tensor *t = st_file_find(&w->files[fi], name);
+            if (!t) {
+                rc = DF_EFORMAT;
+                df_error_set(err, rc, "%s lists '%s' in %s, which has no such tensor", index, name, f);
+                break;
+            }
+            all = xrealloc(all, sizeof *all * (size_t)(n_all + 1));
+            all[n_all++] = (int8_src){fi, t};
+        }
+    } else if (!rc) {
+        all = xmalloc(sizeof *all * (size_t)(w->files[0].n_tensors + 1));
+        for (int i = 0; i < w->files[0].n_tensors; i++) all[n_all++] = (int8_src){0, &w->files[0].tensors[i]};
+    }
+    int prefixed = 0;
+    for (int64_t i = 0; i < n_all && !prefixed; i++)
+        prefixed = !strncmp(all[i].t->name, INT8_PREFIX, strlen(INT8_PREFIX));
+    for (int64_t i = 0; !rc && i < n_all; i++) int8_consider(w, all[i].file, all[i].t, prefixed);
+    if (w->n) qsort(w->v, (size_t)w->n, sizeof *w->v, int8_cmp_src);
+    free(all);
+    json_decref(root);
+    free(index);
+    return rc;
+}
+
+static uint64_t int8_pair_bytes(const st_tensor *t) { return (uint64_t)t->shape[0] * (2 + (uint64_t)t->shape[1]); }
+
+static char *int8_shard_name(int i, int n) {
+    if (n == 1) return xstrdup(INT8_SPINE_FILE);
+    char buf[64];
+    snprintf(buf, sizeof buf, "spine-int8-%05d-of-%05d.safetensors", i + 1, n);
+    return xstrdup(buf);
+}
+
+static json_t *int8_metadata(const char *dir) {
+    char *abs = realpath(dir, NULL);
+    json_t *m = json_pack("{s:s, s:s, s:s, s:s, s:s}", "format", "pt", "deltafin", "int8-spine 1", "source",
+                          abs ? abs : dir, "method",
+                          "per-row absmax: scale = fp16(max|w|/127) (0 for a zero row), q = round(w/scale) "
+                          "clamped to [-127,127]; NAME I8 [out,in] follows NAME_scale F16 [out]",
+                          "rule", "2-D F32/BF16/F16 spine matrices with both dims >= 64 and even columns, except "
+                          "routed experts, the MoE router (*.gate.weight) and kv_b_proj");
+    free(abs);
+    return m;
+}
+
+/* Header for tensors [a, b): scale then data for each. Returns the JSON text padded so the data region
+ * starts at a multiple of INT8_HEADER_ALIGN; *data_bytes gets the region size. */
+static char *int8_header(const int8_writer *w, int a, int b, uint64_t *data_bytes, size_t *hlen) {
+    json_t *h = json_object();
+    json_object_set_new(h, "__metadata__", int8_metadata(w->dir));
+    uint64_t off = 0;
+    for (int i = a; i < b; i++) {
+        const st_tensor *t = w->v[i].t;
+        size_t len = strlen(t->name);
+        char *sname = xmalloc(len + sizeof INT8_SPINE_SCALE_SUFFIX);
+        memcpy(sname, t->name, len);
+        memcpy(sname + len, INT8_SPINE_SCALE_SUFFIX, sizeof INT8_SPINE_SCALE_SUFFIX);
+        uint64_t sb = (uint64_t)t->shape[0] * 2, qb = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
+        json_object_set_new(h, sname, json_pack("{s:s, s:[I], s:[I, I]}", "dtype", "F16", "shape",
+                                                (json_int_t)t->shape[0], "data_offsets", (json_int_t)off,
+                                                (json_int_t)(off + sb)));
+        json_object_set_new(h, t->name, json_pack("{s:s, s:[I, I], s:[I, I]}", "dtype", "I8", "shape",
+                                                  (json_int_t)t->shape[0], (json_int_t)t->shape[1], "data_offsets",
+                                                  (json_int_t)(off + sb), (json_int_t)(off + sb + qb)));
+        off += sb + qb;
+        free(sname);
+    }
+    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
+    json_decref(h);
+    size_t n = strlen(text), padded = n + (INT8_HEADER_ALIGN - (8 + n) % INT8_HEADER_ALIGN) % INT8_HEADER_ALIGN;
+    text = xrealloc(text, padded + 1);
+    memset(text + n, ' ', padded - n);
+    text[padded] = 0;
+    *hlen = padded;
+    *data_bytes = off;
+    return text;
+}
+
+/* Quantises tensor t row by row to f at its current position: data first (after room for the scales), then
+ * the scales written back in front of it. */
+static int int8_write_tensor(const st_file *src, const st_tensor *t, FILE *f, const char *path, df_error *err) {
+    df_tensor v;
+    int rc = st_tensor_view(src, t, &v, err);
+    if (rc) return rc;
+    int64_t rows = t->shape[0], cols = t->shape[1];
+    float *row = xmalloc(sizeof *row * (size_t)cols);
+    int8_t *q = xmalloc((size_t)cols);
+    uint16_t *scale = xmalloc(sizeof *scale * (size_t)rows);
+    int64_t esz = t->elem_size;
+    void *raw = xmalloc((size_t)(cols * esz));
+    df_tensor one = v;
+    one.shape[0] = 1;
+    one.data = raw;
+    off_t at = ftello(f);
+    int ok = at >= 0 && fseeko(f, at + 2 * rows, SEEK_SET) == 0;
+    for (int64_t r = 0; ok && r < rows && !rc; r++) {
+        memcpy(raw, (const uint8_t *)v.data + r * cols * esz, (size_t)(cols * esz));   /* may be unaligned */
+        tensor_row_f32(&one, 0, row);
+        scale[r] = int8_quantize_row(row, cols, q);
+        if (scale[r] == INT8_BAD_SCALE)
+            rc = (df_error_set(err, DF_EFORMAT, "%s: tensor '%s': row %lld has a non-finite value or a magnitude "
+                              "beyond fp16 scales; cannot quantise it", src->path, t->name, (long long)r), DF_EFORMAT);
+        else ok = fwrite(q, 1, (size_t)cols, f) == (size_t)cols;
+    }
+    off_t end = ftello(f);
+    if (ok && !rc) ok = fseeko(f, at, SEEK_SET) == 0 && fwrite(scale, 2, (size_t)rows, f) == (size_t)rows &&
+                        fseeko(f, end, SEEK_SET) == 0;
+    if (!ok && !rc) rc = (df_error_set(err, DF_EIO, "%s: write failed (disk full?)", path), DF_EIO);
+    free(raw);
+    free(row);
+    free(q);
+    free(scale);
+    return rc;
+}
+
+static int int8_write_shard(int8_writer *w, int a, int b, const char *name, df_error *err) {
+    char *path = df_path_join(w->dir, name), *tmp = xmalloc(strlen(path) + 8);
+    sprintf(tmp, "%s.tmp", path);
+    uint64_t data_bytes;
+    size_t hlen;
+    char *header = int8_header(w, a, b, &data_bytes, &hlen);
+    FILE *f = fopen(tmp, "wb");
+    int rc = DF_OK;
+    if (!f) {
+        rc = (df_error_set(err, DF_EIO, "%s: cannot create", tmp), DF_EIO);
+    } else {
+        uint8_t len8[8];
+        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
+        if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen)
+            rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
+        for (int i = a; i < b && !rc; i++) {
+            rc = int8_write_tensor(&w->files[w->v[i].file], w->v[i].t, f, tmp, err);
+            if (!rc) {
+                w->stats->src_bytes += w->v[i].t->end - w->v[i].t->begin;
+                w->stats->out_bytes += int8_pair_bytes(w->v[i].t);
+                w->stats->n_quantised++;
+            }
+        }
+        if (fclose(f) && !rc) rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
+    }
+    if (!rc && rename(tmp, path)) rc = (df_error_set(err, DF_EIO, "%s: cannot rename to %s", tmp, path), DF_EIO);
+    if (rc) unlink(tmp);
+    free(header);
+    free(tmp);
+    free(path);
+    return rc;
+}
+
+static int int8_write_index(int8_writer *w, const int *first, int n_shards, df_error *err) {
+    json_t *wm = json_object();
+    uint64_t total = 0;
+    for (int s = 0; s < n_shards; s++) {
+        char *name = int8_shard_name(s, n_shards);
+        for (int i = first[s]; i < first[s + 1]; i++) {
+            char *sname = xmalloc(strlen(w->v[i].t->name) + sizeof INT8_SPINE_SCALE_SUFFIX);
+            sprintf(sname, "%s%s", w->v[i].t->name, INT8_SPINE_SCALE_SUFFIX);
+            json_object_set_new(wm, sname, json_string(name));
+            json_object_set_new(wm, w->v[i].t->name, json_string(name));
+            total += int8_pair_bytes(w->v[i].t);
+            free(sname);
+        }
+        free(name);
+    }
+    json_t *meta = int8_metadata(w->dir);
+    json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
+    json_t *root = json_pack("{s:o, s:o}", "metadata", meta, "weight_map", wm);
+    char *path = df_path_join(w->dir, INT8_SPINE_INDEX), *tmp = xmalloc(strlen(path) + 8);
+    sprintf(tmp, "%s.tmp", path);
+    int rc = DF_OK;
+    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || rename(tmp, path))
+        rc = (df_error_set(err, DF_EIO, "%s: cannot write", path), DF_EIO);
+    json_decref(root);
+    free(tmp);
+    free(path);
+    return rc;
+}
+
+/* A new sidecar replaces any old one: its files go first, so a half-written run never mixes with them. */
+static void int8_remove_old(const char *dir) {
+    char **files;
+    int n;
+    df_error e;
+    if (!int8_spine_files(dir, &files, &n, &e))
+        for (int i = 0; i < n; i++) {
+            char *path = df_path_join(dir, files[i]);
+            unlink(path);
+            free(path);
+        }
+    for (int i = 0; i < n; i++) free(files[i]);
+    free(files);
+    char *index = df_path_join(dir, INT8_SPINE_INDEX), *single = df_path_join(dir, INT8_SPINE_FILE);
+    unlink(index);
+    unlink(single);
+    free(index);
+    free(single);
+}
+
+int int8_spine_write(const char *dir, uint64_t shard_bytes, FILE *progress, int8_write_stats *stats,
+                     df_error *err) {
+    memset(stats, 0, sizeof *stats);
+    int8_writer w = {.dir = dir, .stats = stats};
+    int rc = int8_collect(&w, err);
+    if (!rc && !w.n)
+        rc = (df_error_set(err, DF_EINVAL, "%s: no spine matrix qualifies for int8 (2-D F32/BF16/F16, both dims "
+                          ">= 64, not experts/router/kv_b_proj)", dir), DF_EINVAL);
+    if (!shard_bytes) shard_bytes = INT8_DEFAULT_SHARD;
+    int *first = xmalloc(sizeof *first * (size_t)(w.n + 2)), n_shards = 0;
+    uint64_t fill = 0;
+    for (int i = 0; !rc && i < w.n; i++) {
+        uint64_t b = int8_pair_bytes(w.v[i].t);
+        if (i == 0 || fill + b > shard_bytes) first[n_shards++] = i, fill = 0;
+        fill += b;
+    }
+    first[n_shards] = w.n;
+    if (!rc) int8_remove_old(dir);
+    for (int s = 0; !rc && s < n_shards; s++) {
+        char *name = int8_shard_name(s, n_shards);
+        rc = int8_write_shard(&w, first[s], first[s + 1], name, err);
+        if (!rc && progress)
+            fprintf(progress, "wrote %s: %d matrices\n", name, first[s + 1] - first[s]);
+        free(name);
+    }
+    if (!rc && n_shards > 1) rc = int8_write_index(&w, first, n_shards, err);
+    stats->n_files = rc ? 0 : n_shards;
+    free(first);
+    for (int i = 0; i < w.n_files; i++) {
+        st_file_close(&w.files[i]);
+        free(w.names[i]);
+    }
+    free(w.names);
+    free(w.files);
+    free(w.v);
+    return rc;
+}
