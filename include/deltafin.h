@@ -51,6 +51,10 @@ typedef struct df_engine_opts {
     int io_threads;           /* I/O threads; 0 = 8 */
     const char *remote_url;   /* issue 6: a partial install streams missing experts from this repository URL */
     int spine;                /* issue 4: DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
+    int io_mode;              /* O_DIRECT reader: 0 = the faster one measured here (io_uring), 1 = pread thread
+                                 pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
+    int lookahead;            /* 1: predict layer i+1's experts with its router on layer i's MoE input and read
+                                 them early (never changes results); 0 = off (the default: it did not pay) */
 } df_engine_opts;
 
 typedef struct df_model_info {
@@ -98,6 +102,10 @@ typedef struct df_stats {
     uint64_t expert_bytes;                 /* bytes of one routed expert (largest) */
     int cache_slots, streamed_layers;      /* streamed_layers: spine re-read every pass (0: all resident) */
     int direct_fallbacks;                  /* files read buffered because O_DIRECT was refused */
+    int io_uring;                          /* expert reads go through io_uring (else the pread pool) */
+    uint64_t lookahead_loads;              /* expert reads started by look-ahead guesses */
+    uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
+                                                          how many of them the guess named (recall) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 

@@ -58,6 +58,22 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
             return -1;
         }
         return 1;
+    case CLI_OPT_IO:
+        if (!strcmp(arg, "pread")) o->io_mode = 1;
+        else if (!strcmp(arg, "uring")) o->io_mode = 2;
+        else {
+            fprintf(stderr, "deltafin: --io: expected pread or uring, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
+    case CLI_OPT_LOOKAHEAD:
+        if (!arg || !strcmp(arg, "on")) o->lookahead = 1;
+        else if (!strcmp(arg, "off")) o->lookahead = 0;
+        else {
+            fprintf(stderr, "deltafin: --lookahead: expected on or off, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     default: return 0;
     }
 }

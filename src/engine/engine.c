@@ -34,7 +34,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     }
     df_engine *e = xcalloc(1, sizeof *e);
     store_opts so = {opts->mem_budget, opts->expert_cache_slots, opts->spine_stream, opts->buffered_io,
-                     opts->io_threads, opts->remote_url, opts->spine == DF_SPINE_INT8};
+                     opts->io_threads, opts->remote_url, opts->io_mode, opts->spine == DF_SPINE_INT8};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -60,6 +60,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     e->model.store = e->store;
     e->model.kern = &e->kern;
     e->model.alog_per_channel = opts->alog_per_channel;
+    e->model.lookahead = opts->lookahead;
     e->model.dir = store_dir(e->store);
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
@@ -183,6 +184,10 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->cache_slots = ss.cache_slots;
     out->streamed_layers = ss.streamed_layers;
     out->direct_fallbacks = ss.direct_fallbacks;
+    out->io_uring = ss.io_uring;
+    out->lookahead_loads = ss.hint_loads;
+    out->lookahead_requests = ss.hint_requests;
+    out->lookahead_recalled = ss.hint_recalled;
 }
 
 void df_engine_profile(const df_engine *e, df_profile *out) {

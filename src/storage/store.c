@@ -22,6 +22,7 @@
 #include "cache.h"
 #include "expert_index.h"
 #include "io.h"
+#include "remote.h"
 #include "safetensors.h"
 #include "spine.h"
 #include "int8_spine.h"
@@ -892,9 +893,10 @@ static int store_plan(df_store *st, df_error *err) {
 static int store_open_io(df_store *st, df_error *err) {
     const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + 1));
     for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
-    int direct = !st->opts.buffered_io;
-    int rc = io_local_open(&st->src_expert, st->n_shards, paths, direct, err);
-    if (!rc) rc = io_local_open(&st->src_spine, st->n_shards, paths, direct, err);
+    io_local_opts lo = {!st->opts.buffered_io, st->opts.io_kind};
+    int rc = io_local_open_ex(&st->src_expert, st->n_shards, paths, &lo, err);
+    if (!rc) rc = io_install_wrap(&st->src_expert, st->dir, st->n_shards, st->opts.remote_url, err);
+    if (!rc) rc = io_local_open_ex(&st->src_spine, st->n_shards, paths, &lo, err);
     free(paths);
     st->pool = io_pool_new(st->opts.io_threads > 0 ? st->opts.io_threads : STORE_IO_THREADS);
     return rc;
@@ -1021,6 +1023,17 @@ const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix)
     return it && it->usable ? &it->view : NULL;
 }
 
+void store_layer_peek(df_store *st, int layer, const df_store_layer **out) {
+    *out = NULL;
+    if (layer < 0 || layer >= st->n_layers || st->layers[layer].bad >= 0) return;
+    df_store_layer *l = &st->layers[layer];
+    uint8_t *base = NULL;
+    if (st->spine && !spine_peek(st->spine, layer, &base)) return;
+    for (int i = 0; st->spine && i < l->n; i++)
+        store_item_place(&l->items[i], spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i])));
+    *out = l;
+}
+
 void store_layer_release(df_store *st, const df_store_layer *l) {
     if (st->spine && l) spine_release(st->spine, l->index);
 }
@@ -1050,6 +1063,14 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
     return DF_OK;
 }
 
+void store_experts_hint(df_store *st, int layer, const int *ids, int n) {
+    int *ok = xmalloc(sizeof *ok * ((size_t)n + 1)), m = 0;
+    for (int i = 0; i < n; i++)
+        if (store_expert_locate(st, layer, ids[i])) ok[m++] = ids[i];
+    if (m) ecache_hint(st->cache, layer, ok, m);
+    free(ok);
+}
+
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
     int rc = store_expert_check_range(st, layer, e, err);
     if (rc) return rc;
@@ -1071,7 +1092,11 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->expert_waits = c.waits;
         o->cache_slots = c.slots;
         o->cache_bytes = (uint64_t)c.slots * c.slot_bytes;
+        o->hint_loads = c.hint_loads;
+        o->hint_requests = c.hint_requests;
+        o->hint_recalled = c.hint_recalled;
     }
+    o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
     o->expert_requests = atomic_load(&st->expert_requests);
     o->expert_disk_bytes = atomic_load(&st->src_expert->bytes);
     o->spine_disk_bytes = atomic_load(&st->src_spine->bytes);

@@ -31,6 +31,7 @@ typedef struct store_opts {
     int buffered_io;         /* 1: buffered pread + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;          /* I/O pool size; 0 = 8 */
     const char *remote_url;  /* partial install: fetch missing experts from here (remote.h); NULL = none */
+    int io_kind;             /* IO_KIND_* of io.h: 0 = the faster one here, 1 = pread pool, 2 = io_uring */
     int spine_int8;          /* 1: spine matrices from the int8 sidecar (int8_spine.h); an error if it is absent */
 } store_opts;
 
@@ -46,6 +47,8 @@ typedef struct store_stats {
     int streamed_layers;                  /* layers whose spine is re-read every pass (0: all resident) */
     int spine_mapped;                     /* spine served from the file mapping (it fits the budget) */
     int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
+    int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
+    uint64_t hint_loads, hint_requests, hint_recalled;   /* look-ahead: reads, experts asked, of them hinted */
 } store_stats;
 
 int store_open(df_store **out, const char *dir, df_error *err);
@@ -70,6 +73,9 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
 /* A tensor of an acquired layer, or NULL when absent (optional tensors are probed this way). */
 const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix);
 void store_layer_release(df_store *st, const df_store_layer *l);
+/* Like store_layer_acquire when the layer's spine is already in memory; *out = NULL (nothing waited for or
+ * read) otherwise. Release with store_layer_release. For look-ahead work that must never stall. */
+void store_layer_peek(df_store *st, int layer, const df_store_layer **out);
 
 /* Number of routed experts stored for a layer (0 for dense layers). */
 int store_expert_count(const df_store *st, int layer);
@@ -77,6 +83,9 @@ int store_expert_count(const df_store *st, int layer);
 int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err);
 /* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
  * the file and tensor). */
+/* Guess (look-ahead): these experts of a coming layer may be needed; storage reads those not cached into idle
+ * slots at low priority, leaving the current prefetch alone. Out-of-range ids are ignored. */
+void store_experts_hint(df_store *st, int layer, const int *ids, int n);
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
 void store_expert_release(df_store *st, int layer, int e);
 
