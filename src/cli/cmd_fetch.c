@@ -639,7 +639,16 @@ static void fetch_job_free(fetch_job *j) {
 
 static int fetch_check_disk(fetch_job *j, df_error *err) {
     struct statvfs vs;
-    if (statvfs(j->o.dir, &vs)) return DF_OK;
+    char *at = xstrdup(j->o.dir);   /* a dry run's folder may not exist yet: ask its nearest parent */
+    while (statvfs(at, &vs)) {
+        char *slash = strrchr(at, '/');
+        if (!slash || slash == at) {
+            free(at);
+            return DF_OK;
+        }
+        *slash = 0;
+    }
+    free(at);
     uint64_t free_b = (uint64_t)vs.f_bavail * vs.f_frsize, keep = (uint64_t)(j->o.min_free_gb * 1e9);
     printf("disk: needs %.3f GB, %.3f GB free in %s, keeping at least %.3f GB free\n", (double)j->disk_bytes / 1e9,
            (double)free_b / 1e9, j->o.dir, (double)keep / 1e9);

@@ -91,18 +91,17 @@ static char *install_rel_name(const char *dir, const char *path) {
     return xstrdup(slash ? slash + 1 : path);
 }
 
-int io_install_open(io_source **out, const char *dir, int n_files, const char *const *paths, int direct,
-                    const char *remote_url, df_error *err) {
-    *out = NULL;
+int io_install_wrap(io_source **src, const char *dir, int n_files, const char *remote_url, df_error *err) {
     dc_manifest man;
     int found;
     int rc = dc_manifest_load(dir, &man, &found, err);
-    if (rc) return rc;
+    if (rc || !found) return rc;
+    io_source *local = *src;
     int partial = 0;
     char **names = xcalloc((size_t)n_files + 1, sizeof *names);
     for (int i = 0; i < n_files; i++) {
-        names[i] = install_rel_name(dir, paths[i]);
-        const dc_shard *s = found ? dc_manifest_find(&man, names[i]) : NULL;
+        names[i] = install_rel_name(dir, local->file_name(local, i));
+        const dc_shard *s = dc_manifest_find(&man, names[i]);
         if (s && s->state == DC_PENDING && !rc)
             rc = (df_error_set(err, DF_EIO, "%s: shard %s has not been fetched yet (interrupted install?): run "
                                "deltafin fetch --spine --from %s -m %s", dir, names[i],
@@ -113,7 +112,7 @@ int io_install_open(io_source **out, const char *dir, int n_files, const char *c
         for (int i = 0; i < n_files; i++) free(names[i]);
         free(names);
         dc_manifest_free(&man);
-        return rc ? rc : io_local_open(out, n_files, paths, direct, err);
+        return rc;
     }
     io_install *I = xcalloc(1, sizeof *I);
     I->base.read = install_read;
@@ -122,25 +121,37 @@ int io_install_open(io_source **out, const char *dir, int n_files, const char *c
     I->man = man;
     I->n = n_files;
     I->names = names;
+    I->local = local;
     I->shard = xcalloc((size_t)n_files + 1, sizeof *I->shard);
     for (int i = 0; i < n_files; i++) {
         const dc_shard *s = dc_manifest_find(&I->man, names[i]);
         I->shard[i] = s && s->state == DC_SPINE ? s : NULL;
     }
-    rc = io_local_open(&I->local, n_files, paths, direct, err);
-    if (!rc) rc = dcache_open(&I->cache, dir, 0, err);
+    rc = dcache_open(&I->cache, dir, 0, err);
     if (!rc && remote_url) {
         char *base = remote_resolve_base(remote_url, err);
         rc = base ? remote_open(&I->net, base, NULL, err) : DF_EINVAL;
         free(base);
     }
     if (rc) {
+        I->local = NULL;   /* still the caller's */
         install_free(&I->base);
         return rc;
     }
-    atomic_store(&I->base.direct_fallbacks, atomic_load(&I->local->direct_fallbacks));
-    *out = &I->base;
+    atomic_store(&I->base.direct_fallbacks, atomic_load(&local->direct_fallbacks));
+    *src = &I->base;
     return DF_OK;
+}
+
+int io_install_open(io_source **out, const char *dir, int n_files, const char *const *paths, int direct,
+                    const char *remote_url, df_error *err) {
+    int rc = io_local_open(out, n_files, paths, direct, err);
+    if (!rc) rc = io_install_wrap(out, dir, n_files, remote_url, err);
+    if (rc) {
+        io_source_free(*out);
+        *out = NULL;
+    }
+    return rc;
 }
 
 static void install_printf(char *buf, size_t cap, const char *fmt, ...) __attribute__((format(printf, 3, 4)));

@@ -76,6 +76,9 @@ char *remote_resolve_base(const char *from, df_error *err);
  * suggesting --remote or `deltafin fetch`). paths are the shards as storage opened them (DIR/name). */
 int io_install_open(io_source **out, const char *dir, int n_files, const char *const *paths, int direct,
                     const char *remote_url, df_error *err);
+/* The same over a local source storage already opened on the folder's n_files shards: when the folder is a
+ * partial install, *src is replaced by the install source, which takes ownership of it; else unchanged. */
+int io_install_wrap(io_source **src, const char *dir, int n_files, const char *remote_url, df_error *err);
 /* Appends "local: ..." lines (how much of the model is on disk, and what is cached) for `deltafin info`;
  * nothing for a complete install. */
 void install_describe(const char *dir, char *buf, size_t cap);
