@@ -7,6 +7,7 @@
 #include "cli_opts.h"
 #include "deltafin.h"
 #include "common/util.h"
+#include "storage/remote.h"
 
 int cmd_info(int argc, char **argv) {
     static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"help", 0, 0, 'h'}, CLI_STORAGE_LONGOPTS,
@@ -34,6 +35,7 @@ int cmd_info(int argc, char **argv) {
     size_t cap = 1 << 16;
     char *buf = xmalloc(cap);
     df_engine_describe(eng, buf, cap);
+    install_describe(opts.model_dir, buf, cap);   /* a partial install: how much is local */
     printf("model: %s\n%s", opts.model_dir, buf);
     int rc = df_engine_check(eng, &err);
     if (rc) printf("problem: %s\n", err.msg);
