@@ -7,6 +7,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <unistd.h>
 
 #include "../common/util.h"
@@ -310,6 +311,9 @@ static int int8_write_tensor(const st_file *src, const st_tensor *t, FILE *f, co
                               "beyond fp16 scales; cannot quantise it", src->path, t->name, (long long)r), DF_EFORMAT);
         else ok = fwrite(q, 1, (size_t)cols, f) == (size_t)cols;
     }
+    /* the source pages are not needed again: keep a checkpoint-sized spine from piling up in this process */
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), lo = (uintptr_t)v.data / page * page;
+    madvise((void *)lo, (uintptr_t)v.data + (t->end - t->begin) - lo, MADV_DONTNEED);
     off_t end = ftello(f);
     if (ok && !rc) ok = fseeko(f, at, SEEK_SET) == 0 && fwrite(scale, 2, (size_t)rows, f) == (size_t)rows &&
                         fseeko(f, end, SEEK_SET) == 0;
