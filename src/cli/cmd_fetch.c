@@ -20,6 +20,7 @@
 #include <unistd.h>
 
 #include "cli.h"
+#include "fetch.h"
 #include "common/util.h"
 #include "storage/dcache.h"
 #include "storage/remote.h"
@@ -712,4 +713,52 @@ int cmd_fetch(int argc, char **argv) {
     if (rc) fprintf(stderr, "deltafin fetch: %s\n", err.msg);
     fetch_job_free(&j);
     return rc ? 1 : 0;
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* For bench fetch (fetch.h). */
+
+int fetch_list_experts(remote *r, fetch_span_list *out, df_error *err) {
+    memset(out, 0, sizeof *out);
+    char *data;
+    size_t len;
+    int missing;
+    int rc = remote_get_file(r, "model.safetensors.index.json", &data, &len, &missing, err);
+    if (rc) return rc;
+    if (missing) {
+        out->files = xcalloc(1, sizeof *out->files);
+        out->files[out->n_files++] = xstrdup("model.safetensors");
+    } else {
+        json_t *root = json_loadb(data, len, 0, NULL);
+        const char *k;
+        json_t *v;
+        json_object_foreach(json_object_get(root, "weight_map"), k, v) {
+            const char *n = json_string_value(v);
+            int seen = 0;
+            for (int i = 0; i < out->n_files && !seen; i++) seen = !strcmp(out->files[i], n);
+            if (!n || seen) continue;
+            out->files = xrealloc(out->files, sizeof *out->files * (size_t)(out->n_files + 1));
+            out->files[out->n_files++] = xstrdup(n);
+        }
+        json_decref(root);
+        free(data);
+    }
+    for (int i = 0; i < out->n_files && !rc; i++) {
+        fetch_shard s = {.name = out->files[i]};
+        rc = fetch_read_header(r, &s, err);
+        out->v = xrealloc(out->v, sizeof *out->v * (size_t)(out->n + s.n_holes + 1));
+        for (int h = 0; !rc && h < s.n_holes; h++)
+            out->v[out->n++] = (fetch_span){out->files[i], s.holes[h].span.off, s.holes[h].span.len, s.holes[h].layer,
+                                            s.holes[h].expert};
+        free(s.runs);
+        free(s.holes);
+    }
+    return rc;
+}
+
+void fetch_span_list_free(fetch_span_list *l) {
+    for (int i = 0; i < l->n_files; i++) free(l->files[i]);
+    free(l->files);
+    free(l->v);
+    memset(l, 0, sizeof *l);
 }
