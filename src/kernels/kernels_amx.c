@@ -35,8 +35,8 @@ enum {
     S_MAX = 160,
     X_TOP = 60,        /* scaled rows have max |x| in [2^X_TOP, 2^(X_TOP+1)) */
     RG = 64,           /* weight rows per group: four A tiles, four C tiles */
-    CHUNK = 4,         /* blocks dequantised at a time (one cache line of each row) */
-    PF_BLOCKS = 16,    /* software prefetch distance along a row, in blocks */
+    SG = 4,            /* groups per super-group, which share each chunk's B tiles while they are in L1 */
+    CHUNK = 4,         /* blocks per chunk (one cache line of each row) */
     HDR = 16,          /* floats of header before the per-row unscale factors */
     ROW_MODE_MAX = 5,  /* up to this many activation rows: all three parts in one B tile */
 };
@@ -251,23 +251,18 @@ static int row_scales_ok(const uint8_t *s, int64_t nb) {
     return !bad;
 }
 
-typedef struct {
-    const uint8_t *data;
-    const int32_t *off;   /* scale offsets of the group's rows, nb per row */
-    int64_t r1, nb, row_bytes;
-    __m512i base, shifts;
-} amx_w;
-
-/* Rows [m0, m1) of the group at rg, blocks [b0, b0+cb), into abuf; prefetches PF_BLOCKS ahead (past the end
- * of a row: the same place in the row RG further on, the next group's). */
-AI void dequant_rows(const amx_w *w, int64_t rg, int m0, int m1, int64_t b0, int cb, uint16_t *abuf) {
-    for (int m = m0; m < m1; m++) {
-        const uint8_t *d = w->data + (rg + m) * w->row_bytes + b0 * 16;
-        if (b0 + PF_BLOCKS < w->nb) _mm_prefetch((const char *)d + PF_BLOCKS * 16, _MM_HINT_T0);
-        else if (rg + m + RG < w->r1) _mm_prefetch((const char *)d + PF_BLOCKS * 16 + (RG - 1) * w->row_bytes, _MM_HINT_T0);
-        const int32_t *off = w->off + m * w->nb + b0;
-        if (cb == CHUNK) dequant_blocks(CHUNK, d, off, w->base, w->shifts, abuf + m * CHUNK * 32);
-        else dequant_blocks(cb, d, off, w->base, w->shifts, abuf + m * CHUNK * 32);
+/* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. Each row
+ * prefetches (into L2) its next chunk, used a super-group pass later; past the end of the row, the first
+ * chunk of the row SG*RG further on (pf_next: whether that row is ours). */
+static void dequant_group(const uint8_t *d, const int32_t *off, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
+                          int cb, int pf_next, __m512i base, __m512i shifts, uint16_t *abuf) {
+    for (int m = 0; m < nr; m++) {
+        const uint8_t *dm = d + m * row_bytes + b0 * 16;
+        if (b0 + CHUNK < nb) _mm_prefetch((const char *)dm + CHUNK * 16, _MM_HINT_T1);
+        else if (pf_next) _mm_prefetch((const char *)(d + (m + SG * RG) * row_bytes), _MM_HINT_T1);
+        const int32_t *o = off + m * nb + b0;
+        if (cb == CHUNK) dequant_blocks(CHUNK, dm, o, base, shifts, abuf + m * CHUNK * 32);
+        else dequant_blocks(cb, dm, o, base, shifts, abuf + m * CHUNK * 32);
     }
 }
 
@@ -281,10 +276,8 @@ AI void dequant_rows(const amx_w *w, int64_t rg, int m0, int m1, int64_t b0, int
         }                                                                                          \
     } while (0)
 
-/* One set's TDPs over blocks [0, cb) of the current chunk; while they run, dequantises the next chunk
- * (16 rows per block) into nxt when there is one. */
-AI void chunk_set(const int parts, const amx_w *w, const uint32_t *bt, const uint16_t *cur, int cb,
-                  int64_t rg, int nr, int64_t next_b0, uint16_t *nxt) {
+/* C (tiles 0-3, four row tiles) += A (abuf, blocks [0, cb)) · B (bt: the set's tiles of those blocks). */
+AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int cb) {
     for (int b = 0; b < cb; b++) {
         const uint32_t *bb = bt + b * parts * 256;
         _tile_loadd(4, bb, 64);
@@ -292,18 +285,38 @@ AI void chunk_set(const int parts, const amx_w *w, const uint32_t *bt, const uin
             _tile_loadd(5, bb + 256, 64);
             _tile_loadd(6, bb + 512, 64);
         }
-        const uint16_t *a = cur + 32 * b;
+        const uint16_t *a = abuf + 32 * b;
         TDP_ROWTILE(0, parts);
         TDP_ROWTILE(1, parts);
         TDP_ROWTILE(2, parts);
         TDP_ROWTILE(3, parts);
-        if (nxt) {
-            int m0 = b * (RG / CHUNK), m1 = DF_MIN(nr, m0 + RG / CHUNK);
-            dequant_rows(w, rg, m0, m1, next_b0, (int)DF_MIN(CHUNK, w->nb - next_b0), nxt);
-        }
     }
 }
 
+/* Writes one group's results from its C tiles (cg: [set][row tile][16 rows][16 columns]), transposed 16 x 16
+ * at a time so that y is written in runs of 16 output rows. */
+static void amx_store(const float *cg, amx_shape sh, int n, int nr, const float *unscale, float *y, int64_t ldy) {
+    for (int rt = 0; rt * 16 < nr; rt++)
+        for (int s = 0; s < sh.sets; s++) {
+            __m512i c[16];
+            for (int k = 0; k < 16; k++) c[k] = _mm512_load_si512(cg + s * 1024 + rt * 256 + 16 * k);
+            transpose16(c);   /* c[q]: column q of the C tile, one value per weight row */
+            __mmask16 mk = (__mmask16)((1u << DF_MIN(16, nr - rt * 16)) - 1);
+            for (int j = 0; j < 16 && s * 16 + j < n; j++) {
+                int i = s * 16 + j;
+                __m512 v = _mm512_castsi512_ps(c[j]);
+                if (sh.parts == 1)   /* row j's three parts are columns 3j .. 3j+2 (n <= 5) */
+                    v = _mm512_add_ps(_mm512_add_ps(_mm512_castsi512_ps(c[3 * j]), _mm512_castsi512_ps(c[3 * j + 1])),
+                                      _mm512_castsi512_ps(c[3 * j + 2]));
+                _mm512_mask_storeu_ps(y + i * ldy + rt * 16, mk, _mm512_mul_ps(v, _mm512_set1_ps(unscale[i])));
+            }
+        }
+}
+
+/* Rows are taken a super-group (SG groups of RG) at a time and the columns a chunk at a time: every group of
+ * the super-group runs the chunk (dequantise, then TDPs against the chunk's B tiles, which stay in L1), its
+ * C tiles kept in memory between chunks. TDPs and vector work do not overlap on this hardware (measured), so
+ * nothing is gained by interleaving them; what matters is that tile loads hit L1. */
 static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const float *xp, int n, float *y,
                             int64_t ldy) {
     const df_kernels *fb = kern_avx512();
@@ -311,51 +324,51 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
         fb->matmul_rows(t, r0, r1, xp, n, y, ldy);
         return;
     }
-    int64_t cols = t->shape[1], nb = cols / 32;
+    int64_t cols = t->shape[1], nb = cols / 32, row_bytes = cols / 2;
     amx_shape sh = amx_shape_of(n);
     const float *unscale = xp + amx_hdr_at(t, n) + HDR;
     const uint32_t *tiles = (const uint32_t *)(xp + amx_tiles_at(t, n));
-    const uint8_t *scale = t->scale;
-    int32_t *off = xaligned_alloc(64, (size_t)RG * nb * sizeof(int32_t));
-    amx_w w = {.data = t->data, .off = off, .r1 = r1, .nb = nb, .row_bytes = cols / 2,
-               .base = _mm512_loadu_si512(e2m1_bf16), .shifts = _mm512_loadu_si512(lane_shifts)};
+    const uint8_t *data = t->data, *scale = t->scale;
+    const __m512i base = _mm512_loadu_si512(e2m1_bf16), shifts = _mm512_loadu_si512(lane_shifts);
     amx_tilecfg cfg;
     memset(&cfg, 0, sizeof cfg);
     cfg.palette = 1;
     for (int k = 0; k < 8; k++) cfg.rows[k] = 16, cfg.colsb[k] = 64;   /* 0-3 C, 4-6 B, 7 A */
     _tile_loadconfig(&cfg);
-    float *cacc = xaligned_alloc(64, (size_t)sh.sets * 4 * 256 * sizeof(float));
-    _Alignas(64) uint16_t abuf[2][RG * CHUNK * 32];
-    for (int64_t rg = r0; rg < r1; rg += RG) {
-        int nr = (int)DF_MIN(RG, r1 - rg);
-        uint64_t ok_rows = 0;
-        for (int m = 0; m < nr; m++)
-            if (row_scales_ok(scale + (rg + m) * nb, nb)) ok_rows |= 1ull << m;
-        for (int m = 0; m < nr; m++) scale_offsets(scale + (rg + m) * nb, nb, off + m * nb);
-        if (nr < RG)
-            for (int k = 0; k < 2; k++) memset(abuf[k] + nr * CHUNK * 32, 0, (size_t)(RG - nr) * CHUNK * 64);
-        dequant_rows(&w, rg, 0, nr, 0, (int)DF_MIN(CHUNK, nb), abuf[0]);
-        for (int64_t ci = 0, b0 = 0; b0 < nb; ci++, b0 += CHUNK) {
+    const int64_t cg_floats = (int64_t)sh.sets * 1024;   /* one group's C tiles */
+    float *cacc = xaligned_alloc(64, (size_t)SG * cg_floats * sizeof(float));
+    int32_t *off = xaligned_alloc(64, (size_t)SG * RG * nb * sizeof(int32_t));
+    uint16_t *abuf = xaligned_alloc(64, RG * CHUNK * 32 * sizeof(uint16_t));   /* zero: rows past nr */
+    for (int64_t rs = r0; rs < r1; rs += SG * RG) {
+        int nrs = (int)DF_MIN(SG * RG, r1 - rs), ng = (nrs + RG - 1) / RG;
+        uint64_t ok_rows[SG] = {0};
+        for (int m = 0; m < nrs; m++) {
+            if (row_scales_ok(scale + (rs + m) * nb, nb)) ok_rows[m / RG] |= 1ull << (m % RG);
+            scale_offsets(scale + (rs + m) * nb, nb, off + m * nb);
+        }
+        for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
             int cb = (int)DF_MIN(CHUNK, nb - b0);
-            const uint16_t *cur = abuf[ci & 1];
-            uint16_t *nxt = b0 + CHUNK < nb ? abuf[(ci + 1) & 1] : NULL;
-            for (int s = 0; s < sh.sets; s++) {
-                float *cs = cacc + s * 1024;
-                if (b0 == 0) {
-                    _tile_zero(0);
-                    _tile_zero(1);
-                    _tile_zero(2);
-                    _tile_zero(3);
-                } else if (sh.sets > 1) {
-                    _tile_loadd(0, cs, 64);
-                    _tile_loadd(1, cs + 256, 64);
-                    _tile_loadd(2, cs + 512, 64);
-                    _tile_loadd(3, cs + 768, 64);
-                }
-                const uint32_t *bt = tiles + (s * nb + b0) * sh.parts * 256;
-                if (sh.parts == 3) chunk_set(3, &w, bt, cur, cb, rg, nr, b0 + CHUNK, s == 0 ? nxt : NULL);
-                else chunk_set(1, &w, bt, cur, cb, rg, nr, b0 + CHUNK, s == 0 ? nxt : NULL);
-                if (sh.sets > 1 || b0 + CHUNK >= nb) {
+            for (int g = 0; g < ng; g++) {
+                int64_t rg = rs + g * RG;
+                int nr = (int)DF_MIN(RG, r1 - rg);
+                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb,
+                              rg + SG * RG < r1, base, shifts, abuf);
+                for (int s = 0; s < sh.sets; s++) {
+                    float *cs = cacc + g * cg_floats + s * 1024;
+                    if (b0 == 0) {
+                        _tile_zero(0);
+                        _tile_zero(1);
+                        _tile_zero(2);
+                        _tile_zero(3);
+                    } else {
+                        _tile_loadd(0, cs, 64);
+                        _tile_loadd(1, cs + 256, 64);
+                        _tile_loadd(2, cs + 512, 64);
+                        _tile_loadd(3, cs + 768, 64);
+                    }
+                    const uint32_t *bt = tiles + (s * nb + b0) * sh.parts * 256;
+                    if (sh.parts == 3) chunk_tdp(3, bt, abuf, cb);
+                    else chunk_tdp(1, bt, abuf, cb);
                     _tile_stored(0, cs, 64);
                     _tile_stored(1, cs + 256, 64);
                     _tile_stored(2, cs + 512, 64);
@@ -363,27 +376,18 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
                 }
             }
         }
-        /* C of set s: [row tile][16 rows][16 columns] */
-        for (int m = 0; m < nr; m++) {
-            if (!(ok_rows >> m & 1)) {
-                fb->matmul_rows(t, rg + m, rg + m + 1, xp, n, y, ldy);
-                continue;
-            }
-            for (int i = 0; i < n; i++) {
-                float v;
-                if (sh.parts == 1) {
-                    const float *c = cacc + m * 16 + 3 * i;
-                    v = (c[0] + c[1]) + c[2];
-                } else {
-                    v = cacc[(i / 16) * 1024 + m * 16 + i % 16];
-                }
-                y[i * ldy + rg + m] = v * unscale[i];
-            }
+        for (int g = 0; g < ng; g++) {
+            int64_t rg = rs + g * RG;
+            int nr = (int)DF_MIN(RG, r1 - rg);
+            amx_store(cacc + g * cg_floats, sh, n, nr, unscale, y + rg, ldy);
+            for (int m = 0; m < nr; m++)
+                if (!(ok_rows[g] >> m & 1)) fb->matmul_rows(t, rg + m, rg + m + 1, xp, n, y, ldy);
         }
     }
     _tile_release();
     free(cacc);
     free(off);
+    free(abuf);
 }
 
 static uint64_t read_bytes_amx(const void *p, size_t n) { return kern_avx512()->read_bytes(p, n); }
