@@ -28,7 +28,7 @@ static const bench_case bench_cases[] = {
 
 typedef struct {
     int json, threads, quick;
-    const char *isa;
+    const char *isa, *shape;   /* shape: only the cases of that shape name (NULL: all) */
 } bench_opts;
 
 typedef struct {
@@ -127,24 +127,26 @@ static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf
 }
 
 static int bench_kernels_usage(FILE *f) {
-    fprintf(f, "usage: deltafin bench kernels [--json] [--threads N] [--isa NAME] [--quick]\n"
+    fprintf(f, "usage: deltafin bench kernels [--json] [--threads N] [--isa NAME] [--shape NAME] [--quick]\n"
                "  Times the matmul kernels on Kimi K3 shapes (MXFP4 experts, bf16/int8 spine and lm_head) with\n"
                "  1 and 16 activation rows, weights in RAM, against the memory read bandwidth measured in the\n"
                "  same run.\n"
                "  --json       one JSON object per line\n"
                "  --threads N  kernel threads (default: online cores)\n"
-               "  --isa NAME   scalar, avx2, avx512 or neon (default: best for this CPU)\n"
+               "  --isa NAME   scalar, avx2, avx512, amx or neon (default: best for this CPU)\n"
+               "  --shape NAME only the expert, spine or lm_head cases\n"
                "  --quick      a small working set and short timings (for tests; ratios not meaningful)\n");
     return f == stdout ? 0 : 2;
 }
 
 static int bench_kernels(int argc, char **argv) {
-    bench_opts o = {0, (int)sysconf(_SC_NPROCESSORS_ONLN), 0, NULL};
+    bench_opts o = {0, (int)sysconf(_SC_NPROCESSORS_ONLN), 0, NULL, NULL};
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "--json")) o.json = 1;
         else if (!strcmp(argv[i], "--quick")) o.quick = 1;
         else if (!strcmp(argv[i], "--threads") && i + 1 < argc) o.threads = atoi(argv[++i]);
         else if (!strcmp(argv[i], "--isa") && i + 1 < argc) o.isa = argv[++i];
+        else if (!strcmp(argv[i], "--shape") && i + 1 < argc) o.shape = argv[++i];
         else if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) return bench_kernels_usage(stdout);
         else {
             fprintf(stderr, "deltafin bench kernels: unknown option '%s'\n", argv[i]);
@@ -180,6 +182,7 @@ static int bench_kernels(int argc, char **argv) {
     for (size_t i = 0; i < sizeof bench_cases / sizeof bench_cases[0]; i++) {
         const bench_case *c = &bench_cases[i];
         if (case_bytes(c) > bytes) continue;   /* quick mode: lm_head does not fit */
+        if (o.shape && strcmp(o.shape, c->shape)) continue;
         static const int batches[] = {1, 16};
         for (int b = 0; b < 2; b++) {
             case_result r = bench_case_run(&kc, c, buf, bytes, batches[b], min_s);

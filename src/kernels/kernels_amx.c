@@ -35,7 +35,8 @@ enum {
     S_MAX = 160,
     X_TOP = 60,        /* scaled rows have max |x| in [2^X_TOP, 2^(X_TOP+1)) */
     RG = 64,           /* weight rows per group: four A tiles, four C tiles */
-    SG = 4,            /* groups per super-group, which share each chunk's B tiles while they are in L1 */
+    SG = 1,            /* groups per super-group, which share each chunk's B tiles (1 measured best: the
+                        * weight stream from RAM matters more than B tile reuse) */
     CHUNK = 4,         /* blocks per chunk (one cache line of each row) */
     HDR = 16,          /* floats of header before the per-row unscale factors */
     ROW_MODE_MAX = 5,  /* up to this many activation rows: all three parts in one B tile */
@@ -251,15 +252,22 @@ static int row_scales_ok(const uint8_t *s, int64_t nb) {
     return !bad;
 }
 
+/* The next super-group's weights, prefetched into L2 in address order one line per row and chunk dequantised
+ * (which spreads them evenly over the current super-group: it has exactly as many row-chunks as lines). */
+typedef struct {
+    const uint8_t *p;
+    int64_t at, end;
+} amx_seq;
+
 /* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. Each row
- * prefetches (into L2) its next chunk, used a super-group pass later; past the end of the row, the first
- * chunk of the row SG*RG further on (pf_next: whether that row is ours). */
+ * also prefetches its next chunk (for the first super-group, which nothing prefetched). */
 static void dequant_group(const uint8_t *d, const int32_t *off, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
-                          int cb, int pf_next, __m512i base, __m512i shifts, uint16_t *abuf) {
+                          int cb, amx_seq *seq, __m512i base, __m512i shifts, uint16_t *abuf) {
     for (int m = 0; m < nr; m++) {
         const uint8_t *dm = d + m * row_bytes + b0 * 16;
         if (b0 + CHUNK < nb) _mm_prefetch((const char *)dm + CHUNK * 16, _MM_HINT_T1);
-        else if (pf_next) _mm_prefetch((const char *)(d + (m + SG * RG) * row_bytes), _MM_HINT_T1);
+        if (seq->at < seq->end) _mm_prefetch((const char *)seq->p + seq->at, _MM_HINT_T1);
+        seq->at += 64;
         const int32_t *o = off + m * nb + b0;
         if (cb == CHUNK) dequant_blocks(CHUNK, dm, o, base, shifts, abuf + m * CHUNK * 32);
         else dequant_blocks(cb, dm, o, base, shifts, abuf + m * CHUNK * 32);
@@ -314,9 +322,9 @@ static void amx_store(const float *cg, amx_shape sh, int n, int nr, const float 
 }
 
 /* Rows are taken a super-group (SG groups of RG) at a time and the columns a chunk at a time: every group of
- * the super-group runs the chunk (dequantise, then TDPs against the chunk's B tiles, which stay in L1), its
- * C tiles kept in memory between chunks. TDPs and vector work do not overlap on this hardware (measured), so
- * nothing is gained by interleaving them; what matters is that tile loads hit L1. */
+ * the super-group runs the chunk (dequantise, then TDPs against the chunk's B tiles), its C tiles kept in
+ * memory between chunks. TDPs and vector work do not overlap on this hardware (measured), so nothing is
+ * gained by interleaving them. */
 static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const float *xp, int n, float *y,
                             int64_t ldy) {
     const df_kernels *fb = kern_avx512();
@@ -341,26 +349,28 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
     uint16_t *abuf = xaligned_alloc(64, RG * CHUNK * 32 * sizeof(uint16_t));   /* zero: rows past nr */
     for (int64_t rs = r0; rs < r1; rs += SG * RG) {
         int nrs = (int)DF_MIN(SG * RG, r1 - rs), ng = (nrs + RG - 1) / RG;
+        amx_seq seq = {data + (rs + SG * RG) * row_bytes, 0, DF_MAX(0, DF_MIN(SG * RG, r1 - rs - SG * RG)) * row_bytes};
         uint64_t ok_rows[SG] = {0};
         for (int m = 0; m < nrs; m++) {
             if (row_scales_ok(scale + (rs + m) * nb, nb)) ok_rows[m / RG] |= 1ull << (m % RG);
             scale_offsets(scale + (rs + m) * nb, nb, off + m * nb);
         }
+        const int keep_c = ng == 1 && sh.sets == 1;
         for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
             int cb = (int)DF_MIN(CHUNK, nb - b0);
             for (int g = 0; g < ng; g++) {
                 int64_t rg = rs + g * RG;
                 int nr = (int)DF_MIN(RG, r1 - rg);
-                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb,
-                              rg + SG * RG < r1, base, shifts, abuf);
+                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb, &seq, base,
+                              shifts, abuf);
                 for (int s = 0; s < sh.sets; s++) {
                     float *cs = cacc + g * cg_floats + s * 1024;
-                    if (b0 == 0) {
+                    if (b0 == 0) {   /* (with one group and one set, C stays in the tiles between chunks) */
                         _tile_zero(0);
                         _tile_zero(1);
                         _tile_zero(2);
                         _tile_zero(3);
-                    } else {
+                    } else if (!keep_c) {
                         _tile_loadd(0, cs, 64);
                         _tile_loadd(1, cs + 256, 64);
                         _tile_loadd(2, cs + 512, 64);
@@ -369,10 +379,12 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
                     const uint32_t *bt = tiles + (s * nb + b0) * sh.parts * 256;
                     if (sh.parts == 3) chunk_tdp(3, bt, abuf, cb);
                     else chunk_tdp(1, bt, abuf, cb);
-                    _tile_stored(0, cs, 64);
-                    _tile_stored(1, cs + 256, 64);
-                    _tile_stored(2, cs + 512, 64);
-                    _tile_stored(3, cs + 768, 64);
+                    if (!keep_c || b0 + CHUNK >= nb) {
+                        _tile_stored(0, cs, 64);
+                        _tile_stored(1, cs + 256, 64);
+                        _tile_stored(2, cs + 512, 64);
+                        _tile_stored(3, cs + 768, 64);
+                    }
                 }
             }
         }

@@ -323,6 +323,76 @@ static void check_selection(void) {
     printf("# ISAs on this CPU:%s\n", names);
 }
 
+/* The AMX path (MXFP4, 4+ activation rows) against the scalar reference and the AVX-512 path where it must
+ * fall back: activations over a wide range (subnormal to 2^100, zeros, a row of subnormals only), scales
+ * across the range it takes ([2, 160]) and outside it, non-finite activations. */
+static void check_amx(rng *r) {
+    const df_kernels *av[8], *amx = NULL;
+    int nav = kern_available(av, 8);
+    for (int i = 0; i < nav; i++)
+        if (!strcmp(av[i]->isa, "amx")) amx = av[i];
+    if (!amx) {
+        printf("# no AMX on this CPU / OS: AMX checks skipped\n");
+        return;
+    }
+    df_kern ka, kv;
+    CHECK(kern_init(&ka, 2, "amx") == 0 && kern_init(&kv, 2, "avx512") == 0, "amx: init amx and avx512");
+    static const int ns[] = {4, 5, 6, 16, 32};
+    int64_t rows = 300, cols = 320;
+    double worst = 0;
+    int same_fallback = 1, differs = 0, nonfinite_same = 1;
+    for (size_t q = 0; q < sizeof ns / sizeof ns[0]; q++) {
+        int n = ns[q];
+        mat m = mat_random(DF_DT_MXFP4, rows, cols, r);
+        uint8_t *sc = m.scale;
+        for (int64_t i = 0; i < rows * cols / 32; i++) sc[i] = (uint8_t)(2 + rng_u32(r) % 159);   /* [2, 160] */
+        /* rows the AMX path must leave to AVX-512: one scale out of [2, 160] anywhere in the row */
+        static const int64_t bad_rows[] = {0, 63, 64, 130, 299};
+        static const uint8_t bad_scales[] = {0, 1, 161, 200, 1};
+        for (int k = 0; k < 5; k++) sc[bad_rows[k] * (cols / 32) + k % (cols / 32)] = bad_scales[k];
+        /* row scales so that x * w stays far from overflow: weights up to 6 * 2^33, x up to 2^60 */
+        float *x = xmalloc(n * cols * sizeof(float)), *want = xmalloc(n * rows * sizeof(float));
+        float *got = xmalloc(n * rows * sizeof(float)), *ref = xmalloc(n * rows * sizeof(float));
+        for (int i = 0; i < n; i++)
+            for (int64_t c = 0; c < cols; c++) {
+                float v = rng_f(r);
+                int e = (int)(rng_u32(r) % 80) - 60;
+                if (i == 1) e -= 100;             /* row 1: subnormals and tiny values only */
+                if (c % 17 == 3) v = 0.0f;
+                x[i * cols + c] = ldexpf(v, i % 3 == 2 ? e / 4 : e);
+            }
+        kern_scalar()->matmul_rows(&m.t, 0, rows, x, n, want, rows);
+        kern_matmul(&ka, &m.t, x, n, got);
+        kern_matmul(&kv, &m.t, x, n, ref);
+        double e = max_rel_err(&m.t, x, n, got, want);
+        if (!(e <= worst)) worst = e;
+        for (int i = 0; i < n; i++)
+            for (int64_t row = 0; row < rows; row++) {
+                float a = got[i * rows + row], b = ref[i * rows + row];
+                int bad = 0;
+                for (int k = 0; k < 5; k++) bad |= row == bad_rows[k];
+                if (bad && memcmp(&a, &b, 4)) same_fallback = 0;
+                if (!bad && memcmp(&a, &b, 4)) differs++;
+            }
+        /* an inf in the activations: the whole call is the AVX-512 one, bit for bit */
+        x[(n - 1) * cols + 5] = INFINITY;
+        kern_matmul(&ka, &m.t, x, n, got);
+        kern_matmul(&kv, &m.t, x, n, ref);
+        for (int64_t k = 0; k < n * rows; k++)
+            if (memcmp(&got[k], &ref[k], 4) && !(isnan(got[k]) && isnan(ref[k]))) nonfinite_same = 0;
+        free(x), free(want), free(got), free(ref);
+        mat_free(&m);
+    }
+    CHECK(worst <= 1e-6, "amx MXFP4: activations 2^-160..2^20 incl. subnormals, scales 2..160, n 4..32: max rel err "
+          "%.2g <= 1e-06", worst);
+    CHECK(same_fallback, "amx MXFP4: rows with a scale outside [2, 160] are the AVX-512 results, bit for bit");
+    CHECK(differs > 0, "amx MXFP4: the other rows come from the AMX path (%d of them differ from AVX-512 in the "
+          "last bit)", differs);
+    CHECK(nonfinite_same, "amx MXFP4: an inf activation sends the call to AVX-512 (bit-identical results)");
+    kern_free(&ka);
+    kern_free(&kv);
+}
+
 int main(void) {
     rng r = {0x9e3779b97f4a7c15ull};
     check_selection();
@@ -332,6 +402,7 @@ int main(void) {
         check_isa_matmul(av[i], &r);
         check_threads_agree(av[i], &r);
     }
+    check_amx(&r);
     check_pool(&r);
     check_matmul_t(&r);
     check_small_ops(&r);
