@@ -174,6 +174,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->expert_disk_bytes = ss.expert_disk_bytes;
     out->spine_disk_bytes = ss.spine_disk_bytes;
     out->disk_bytes = ss.expert_disk_bytes + ss.spine_disk_bytes;
+    out->net_bytes = ss.net_bytes;
     out->expert_loads = ss.expert_loads;
     out->expert_requests = ss.expert_requests;
     out->mem_budget = ss.mem_budget;

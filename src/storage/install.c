@@ -30,6 +30,7 @@ static int install_fetch(io_install *I, int file, dc_span h, uint8_t *buf, const
                             I->man.source ? I->man.source : "an unknown source"), DF_EIO;
     remote_req q = {.file = I->names[file], .off = h.off, .len = h.len, .what = what, .dst = buf};
     int rc = remote_fetch(I->net, &q, 1, err);
+    if (!rc) atomic_fetch_add(&I->base.net_bytes, h.len);
     if (!rc) rc = dcache_put(I->cache, I->names[file], h, buf, what, err);
     return rc;
 }

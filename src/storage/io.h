@@ -32,6 +32,7 @@ struct io_source {
     void (*free)(io_source *s);
     const char *(*file_name)(const io_source *s, int file);
     atomic_uint_fast64_t bytes;      /* bytes transferred from the medium (alignment padding included) */
+    atomic_uint_fast64_t net_bytes;  /* of those, bytes that first came over the network (remote fetch) */
     atomic_uint_fast64_t reads;      /* read calls */
     atomic_int direct_fallbacks;     /* files that refused O_DIRECT and are read buffered */
     int kind;                        /* IO_KIND_PREAD or IO_KIND_URING (set by the source) */

@@ -1100,6 +1100,7 @@ void store_get_stats(df_store *st, store_stats *o) {
     o->expert_requests = atomic_load(&st->expert_requests);
     o->expert_disk_bytes = atomic_load(&st->src_expert->bytes);
     o->spine_disk_bytes = atomic_load(&st->src_spine->bytes);
+    o->net_bytes = atomic_load(&st->src_expert->net_bytes);   /* the spine is always local */
     o->direct_fallbacks = atomic_load(&st->src_expert->direct_fallbacks);
     o->mem_budget = st->opts.mem_budget;
     o->reserve_bytes = st->reserve_bytes;

@@ -41,6 +41,7 @@ typedef struct store_stats {
     uint64_t expert_loads, expert_waits;  /* reads run; acquires that waited for a read in flight */
     uint64_t expert_requests;             /* experts named by prefetches (per layer, per batch) */
     uint64_t expert_disk_bytes, spine_disk_bytes;
+    uint64_t net_bytes;                   /* expert bytes fetched over HTTP (partial install + --remote) */
     uint64_t mem_budget, resident_spine_bytes, stream_buffer_bytes, cache_bytes, reserve_bytes;
     uint64_t expert_slot_bytes;
     int cache_slots;

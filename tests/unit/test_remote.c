@@ -207,6 +207,8 @@ static void test_install(const server *s, const uint8_t *file, size_t n, const c
     rc = src->read(src, 0, off, holes[1].len, dst, "expert 1 of layer 1", &err);
     CHECK(rc == DF_OK && !memcmp(dst + off % 4096, file + off, holes[1].len) && stat_of(s, "range_requests") == 1,
           "second read served from the disk cache");
+    CHECK(atomic_load(&src->net_bytes) == holes[1].len, "network bytes counted once (%llu)",
+          (unsigned long long)atomic_load(&src->net_bytes));
     /* a part of a hole (per-tensor reads): the whole span is fetched once, the part returned */
     off = holes[0].off + 1000;
     rc = src->read(src, 0, off, 2000, dst, "expert 0 of layer 1", &err);
