@@ -262,8 +262,10 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf(" (%.2f GB probed)\nreader: %s\n", r->probe.bytes / 1e9, r->s2.io_uring ? "io_uring" : "pread pool");
     printf("prefill: %d tokens in %.2f s; experts read %llu (%.2f GB) for %llu unique (layer, expert) needed\n",
            r->prompt, r->prefill_s, (unsigned long long)pre_loads, pre_exp / 1e9, (unsigned long long)pre_req);
-    printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (ratio %.2f)\n", r->n, spt, floor,
-           floor > 0 ? spt / floor : 0);
+    if (floor > 0)
+        printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (ratio %.2f)\n", r->n, spt, floor, spt / floor);
+    else   /* nothing came from disk: there is no floor to compare with */
+        printf("decode: %d tokens, %.3f s/token; I/O floor 0 (nothing read from disk)\n", r->n, spt);
     printf("  disk %.2f GB/token (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
            (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n / 1e9,
            (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n / 1e9, spt > 0 ? bpt / spt / 1e9 : 0, 100 * hit);
