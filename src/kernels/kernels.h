@@ -4,7 +4,10 @@
  * weights are any df_tensor dtype (F32, BF16, F16, MXFP4, I8) and are never expanded to fp32 copies:
  * dequantisation happens inside the dot products. Every ISA path computes exact fp32 products of the
  * dequantised weight and the fp32 activation; paths differ from the scalar reference only in summation order
- * (and, for I8, in applying the row scale after the sum instead of to each weight).
+ * (and, for I8, in applying the row scale after the sum instead of to each weight). The AMX path (MXFP4 with
+ * 4+ activation rows, kernels_amx.c) gets the same exact products from bf16 tile multiplies by splitting each
+ * activation into three bf16 parts; its only other difference, flushing of values below 2^-126 after a
+ * per-row power-of-two scaling, is bounded in docs/PERFORMANCE.md.
  *
  * A df_kern is created once per engine and owns the thread pool (created in kern_init, joined in kern_free;
  * no per-call thread creation). Calls on one df_kern come from one thread at a time, except that the pooled

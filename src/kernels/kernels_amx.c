@@ -3,21 +3,20 @@
  * Every MXFP4 weight, E2M1 × 2^(s-127), is exactly a bf16 (a 2-bit significand; for 2 <= s <= 160 a normal
  * one). Every fp32 activation x splits exactly into three bf16 parts, x = hi + mid + lo (hi = bf16(x),
  * mid = bf16(x - hi), lo = x - hi - mid: 8 + 8 + 8 bits of x's 24), and a bf16 × bf16 product is exact in
- * fp32. So three TDPBF16PS (one per part) sum the same exact products as the fp32 FMA paths, in another
+ * fp32. So TDPBF16PS over the three parts sums the same exact products as the fp32 FMA paths, in another
  * order. What AMX does differently is flush subnormals (inputs and results) to zero; to keep that harmless,
  * each activation row is first scaled by a power of two 2^E (exact) so that its largest |x| lies in
- * [2^60, 2^61), and the result is scaled back by 2^-E: anything flushed is then below 2^-126 in the scaled
- * units, i.e. under 2^-186 · max|x| of the row (see docs/PERFORMANCE.md for the bound). Rows whose scales
- * fall outside [2, 160] (weights subnormal in bf16, or sums that could overflow once scaled), and calls with
- * non-finite activations or fewer than AMX_MIN_N rows, go to the AVX-512 path instead, row by row, so a
- * row's result never depends on how rows are split between threads.
+ * [2^60, 2^61), and the result is scaled back by 2^-E: what can then be flushed is below 2^-126 in scaled
+ * units (docs/PERFORMANCE.md, Kernels, gives the bound). Rows whose scales fall outside [2, 160] (weights
+ * subnormal in bf16, or sums that could overflow once scaled), and calls with non-finite activations or
+ * fewer than AMX_MIN_N rows, go to the AVX-512 path instead, row by row, so a row's result never depends
+ * on how rows are split between threads.
  *
- * Tiles: the weights are the A operand (16 weight rows × one 32-column block, dequantised to bf16 in their
- * natural order by a 16-entry vpermw table), the activations the B operand (the three parts of 16
- * activation rows in the VNNI pair layout, built once per call by amx_pack), the 16 × 16 fp32 C tiles hold
- * output rows × activation rows. A chunk of 8 blocks of 32 weight rows is dequantised once into an L1
- * buffer and used for every group of 16 activation rows. Linux grants the tile state only on request
- * (arch_prctl ARCH_REQ_XCOMP_PERM), which kern_amx_usable makes; without it this path is not offered. */
+ * Tiles: the weights are the A operand (16 weight rows × one 32-column block, dequantised to bf16 by a
+ * 16-entry vpermw table into an L1 buffer, a chunk of blocks × RG rows at a time), the activation parts the
+ * B operand (built once per call by amx_pack, see amx_shape), the C tiles 16 weight rows × 16 columns, four
+ * of them (RG rows) at a time. Linux grants the tile state only on request (arch_prctl
+ * ARCH_REQ_XCOMP_PERM), which kern_amx_usable makes; without it this path is not offered. */
 #include <string.h>
 #include "kernels.h"
 #include "../common/util.h"
