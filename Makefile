@@ -62,11 +62,13 @@ $(B)/asan/tests/%: tests/unit/%.c $(B)/asan/libdeltafin.a
 tests-build: $(BIN) $(B)/asan/deltafin $(TEST_BIN)
 
 run: 
-	@bash scripts/install-deps.sh --if-missing
+	@bash scripts/install-deps.sh --build-only --if-missing
 	@$(MAKE) --no-print-directory deltafin
 	./deltafin run -p "The old man looked at the river and said" -n 60
 
-test: tests-build
+test:
+	@bash scripts/install-deps.sh --if-missing
+	@$(MAKE) --no-print-directory tests-build
 	@bash tests/run.sh
 
 # The same sources must also build warning-free with clang.
