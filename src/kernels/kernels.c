@@ -3,6 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "kernels.h"
+#include "kern_tiles.h"
 #include "../common/util.h"
 
 static int cpu_has(const char *isa) {
@@ -106,6 +107,46 @@ void kern_pack_x_mxfp4(const df_tensor *w, const float *x, int n, float *xp) {
 void kern_die_dtype(const char *isa, const df_tensor *t) {
     df_die("kernels (%s): matmul of %s: unsupported weight dtype %s", isa, t->name ? t->name : "?",
            tensor_dtype_name(t->dtype));
+}
+
+void kern_matmul_tiles(const kern_tiles *ts, const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n,
+                       float *y, int64_t ldy) {
+    int64_t cols = t->shape[1];
+    const uint8_t *data = t->data, *scale = t->scale;
+    kern_tiles_fn tiles = (unsigned)t->dtype < DF_DT_COUNT ? ts->fn[t->dtype] : NULL;
+    if (!tiles) kern_die_dtype(ts->isa, t);
+    int64_t row_bytes = t->dtype == DF_DT_MXFP4 ? cols / 2
+                        : t->dtype == DF_DT_F32 ? cols * 4
+                        : t->dtype == DF_DT_I8  ? cols
+                                                : cols * 2;
+    const int full = ts->nw, pf_on = !!(ts->prefetch_dtypes & (1u << t->dtype));
+    /* Weight rows in groups small enough to stay in L2 while every group of 4 activation rows passes. */
+    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) / full * full : 0;
+    if (group < full) group = full;
+    for (int64_t g0 = r0; g0 < r1; g0 += group) {
+        int64_t g1 = DF_MIN(g0 + group, r1);
+        for (int a = 0; a < n; a += 4) {
+            int na = DF_MIN(n - a, 4);
+            const float *xa[4];
+            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
+            for (int64_t r = g0; r < g1;) {
+                int nw = g1 - r >= full ? full : 1;
+                kern_wrow w[4];
+                for (int j = 0; j < nw; j++) {
+                    w[j].d = data + (r + j) * row_bytes;
+                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
+                }
+                float out[16];
+                const uint8_t *pf = pf_on && r + 2 * nw <= g1 ? data + (r + nw) * row_bytes : NULL;
+                tiles(nw, na, w, xa, cols, pf, out);
+                for (int j = 0; j < nw; j++) {
+                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
+                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
+                }
+                r += nw;
+            }
+        }
+    }
 }
 
 typedef struct {

@@ -6,6 +6,7 @@
  * ones (high nibbles), so a 16-column step reads one nibble of each of the 16 bytes. vpermps looks up only 8
  * entries (low 3 bits), so the E2M1 sign (bit 3) picks between a positive and a negative table with blendv. */
 #include "kernels.h"
+#include "kern_tiles.h"
 #include "../common/util.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
@@ -13,18 +14,13 @@
 
 #define AI static inline __attribute__((always_inline))
 
-typedef struct {
-    const uint8_t *d;
-    const uint8_t *s;
-} wrow;
-
 AI __m256 e2m1_lookup(__m256i idx, __m256 tpos, __m256 tneg) {
     __m256 m = _mm256_castsi256_ps(_mm256_slli_epi32(idx, 28));   /* bit 3 → sign bit */
     return _mm256_blendv_ps(_mm256_permutevar8x32_ps(tpos, idx), _mm256_permutevar8x32_ps(tneg, idx), m);
 }
 
 /* Weight columns [c, c+16) (c a multiple of 16) as two fp32 vectors, in activation (packed) order. */
-AI void load16(const int dt, const wrow *w, int64_t c, __m256 *w0, __m256 *w1) {
+AI void load16(const int dt, const kern_wrow *w, int64_t c, __m256 *w0, __m256 *w1) {
     switch (dt) {
     case DF_DT_F32:
         *w0 = _mm256_loadu_ps((const float *)(w->d + c * 4));
@@ -64,15 +60,6 @@ AI void load16(const int dt, const wrow *w, int64_t c, __m256 *w0, __m256 *w1) {
     }
 }
 
-static float weight_at(int dt, const wrow *w, int64_t c) {
-    switch (dt) {
-    case DF_DT_F32: { float f; memcpy(&f, w->d + c * 4, 4); return f; }
-    case DF_DT_BF16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_bf16_to_f32(h); }
-    case DF_DT_F16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_f16_to_f32(h); }
-    default: return (float)(int8_t)w->d[c];
-    }
-}
-
 AI float hsum(__m256 v) {
     __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
     s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -81,8 +68,9 @@ AI float hsum(__m256 v) {
 }
 
 /* out[j*4 + i] = row j of w · x[i], for j < nw, i < na. */
-AI void tile(const int dt, const int nw, const int na, const wrow *w, const float *const *x, int64_t cols,
-             float *out) {
+AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const float *const *x, int64_t cols,
+             const uint8_t *pf, float *out) {
+    (void)pf;   /* no prefetching on this path */
     __m256 acc[2][4];
 #pragma GCC unroll 2
     for (int j = 0; j < nw; j++)
@@ -108,77 +96,12 @@ AI void tile(const int dt, const int nw, const int na, const wrow *w, const floa
 #pragma GCC unroll 4
         for (int i = 0; i < na; i++) {
             float s = hsum(acc[j][i]);
-            for (int64_t t = c; t < cols; t++) s += weight_at(dt, &w[j], t) * x[i][t];
+            for (int64_t t = c; t < cols; t++) s += kern_weight_at(dt, &w[j], t) * x[i][t];
             out[j * 4 + i] = s;
         }
 }
 
-#define TILE_SET(NAME, DT)                                                                            \
-    static void NAME(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out) { \
-        if (nw == 2) {                                                                                \
-            switch (na) {                                                                             \
-            case 1: tile(DT, 2, 1, w, x, cols, out); return;                                          \
-            case 2: tile(DT, 2, 2, w, x, cols, out); return;                                          \
-            case 3: tile(DT, 2, 3, w, x, cols, out); return;                                          \
-            default: tile(DT, 2, 4, w, x, cols, out); return;                                         \
-            }                                                                                         \
-        }                                                                                             \
-        switch (na) {                                                                                 \
-        case 1: tile(DT, 1, 1, w, x, cols, out); return;                                              \
-        case 2: tile(DT, 1, 2, w, x, cols, out); return;                                              \
-        case 3: tile(DT, 1, 3, w, x, cols, out); return;                                              \
-        default: tile(DT, 1, 4, w, x, cols, out); return;                                             \
-        }                                                                                             \
-    }
-
-TILE_SET(tiles_f32, DF_DT_F32)
-TILE_SET(tiles_bf16, DF_DT_BF16)
-TILE_SET(tiles_f16, DF_DT_F16)
-TILE_SET(tiles_i8, DF_DT_I8)
-TILE_SET(tiles_mxfp4, DF_DT_MXFP4)
-
-typedef void (*tiles_fn)(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out);
-
-static void matmul_rows_avx2(const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n, float *y,
-                             int64_t ldy) {
-    int64_t cols = t->shape[1];
-    const uint8_t *data = t->data, *scale = t->scale;
-    tiles_fn tiles;
-    int64_t row_bytes;
-    switch (t->dtype) {
-    case DF_DT_F32: tiles = tiles_f32; row_bytes = cols * 4; break;
-    case DF_DT_BF16: tiles = tiles_bf16; row_bytes = cols * 2; break;
-    case DF_DT_F16: tiles = tiles_f16; row_bytes = cols * 2; break;
-    case DF_DT_I8: tiles = tiles_i8; row_bytes = cols; break;
-    case DF_DT_MXFP4: tiles = tiles_mxfp4; row_bytes = cols / 2; break;
-    default: kern_die_dtype("avx2", t);
-    }
-    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) & ~(int64_t)1 : 0;
-    if (group < 2) group = 2;
-    for (int64_t g0 = r0; g0 < r1; g0 += group) {
-        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
-        for (int a = 0; a < n; a += 4) {
-            int na = n - a < 4 ? n - a : 4;
-            const float *xa[4];
-            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
-            for (int64_t r = g0; r < g1;) {
-                int nw = g1 - r >= 2 ? 2 : 1;
-                wrow w[2];
-                for (int j = 0; j < nw; j++) {
-                    w[j].d = data + (r + j) * row_bytes;
-                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
-                }
-                float out[16];
-                tiles(nw, na, w, xa, cols, out);
-                for (int j = 0; j < nw; j++) {
-                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
-                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
-                }
-                r += nw;
-            }
-        }
-    }
-}
+KERN_TILES_DEFINE(avx2, 2, 0)
 
 static uint64_t read_bytes_avx2(const void *p, size_t n) {
     const char *q = p;

@@ -7,6 +7,7 @@
  * need no masking and the high ones one shift; the activations are packed (kern_pack_x) to match. I8 sums
  * w·x per row and applies the row's fp16 scale once at the end. */
 #include "kernels.h"
+#include "kern_tiles.h"
 #include "../common/util.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
@@ -15,13 +16,8 @@
 
 #define AI static inline __attribute__((always_inline))
 
-typedef struct {
-    const uint8_t *d;   /* start of the row's data */
-    const uint8_t *s;   /* MXFP4: the row's E8M0 scales */
-} wrow;
-
 /* Weight columns [c, c+32) as two fp32 vectors, in the order of the (packed, for MXFP4) activations. */
-AI void load32(const int dt, const wrow *w, int64_t c, __m512 tbl, float sc, __m512 *w0, __m512 *w1) {
+AI void load32(const int dt, const kern_wrow *w, int64_t c, __m512 tbl, float sc, __m512 *w0, __m512 *w1) {
     switch (dt) {
     case DF_DT_F32:
         *w0 = _mm512_loadu_ps(w->d + c * 4);
@@ -59,7 +55,7 @@ AI void e8m0_16(const uint8_t *s, int nb, float *out) {
 }
 
 /* Weight columns [c, c+16) masked to the m valid ones (not MXFP4, whose rows are whole blocks). */
-AI __m512 load16m(const int dt, const wrow *w, int64_t c, __mmask16 m) {
+AI __m512 load16m(const int dt, const kern_wrow *w, int64_t c, __mmask16 m) {
     switch (dt) {
     case DF_DT_F32: return _mm512_maskz_loadu_ps(m, w->d + c * 4);
     case DF_DT_BF16:
@@ -70,7 +66,7 @@ AI __m512 load16m(const int dt, const wrow *w, int64_t c, __mmask16 m) {
 }
 
 /* out[j*4 + i] = row j of w · x[i], for j < nw, i < na. nw, na, dt are constants after inlining. */
-AI void tile(const int dt, const int nw, const int na, const wrow *w, const float *const *x, int64_t cols,
+AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const float *const *x, int64_t cols,
              const uint8_t *pf, float *out) {
     /* pf: the next tile's weights (contiguous after this tile's rows) or NULL, prefetched a little per block so
      * the stream keeps flowing while this tile computes; pf_step is their size per 32-column block */
@@ -124,76 +120,8 @@ AI void tile(const int dt, const int nw, const int na, const wrow *w, const floa
         for (int i = 0; i < na; i++) out[j * 4 + i] = _mm512_reduce_add_ps(acc[j][i]);
 }
 
-#define TILE_SET(NAME, DT)                                                                            \
-    static void NAME(int nw, int na, const wrow *w, const float *const *x, int64_t cols, const uint8_t *pf, float *out) { \
-        if (nw == 4) {                                                                                \
-            switch (na) {                                                                             \
-            case 1: tile(DT, 4, 1, w, x, cols, pf, out); return;                                          \
-            case 2: tile(DT, 4, 2, w, x, cols, pf, out); return;                                          \
-            case 3: tile(DT, 4, 3, w, x, cols, pf, out); return;                                          \
-            default: tile(DT, 4, 4, w, x, cols, pf, out); return;                                         \
-            }                                                                                         \
-        }                                                                                             \
-        switch (na) {                                                                                 \
-        case 1: tile(DT, 1, 1, w, x, cols, pf, out); return;                                              \
-        case 2: tile(DT, 1, 2, w, x, cols, pf, out); return;                                              \
-        case 3: tile(DT, 1, 3, w, x, cols, pf, out); return;                                              \
-        default: tile(DT, 1, 4, w, x, cols, pf, out); return;                                             \
-        }                                                                                             \
-    }
-
-TILE_SET(tiles_f32, DF_DT_F32)
-TILE_SET(tiles_bf16, DF_DT_BF16)
-TILE_SET(tiles_f16, DF_DT_F16)
-TILE_SET(tiles_i8, DF_DT_I8)
-TILE_SET(tiles_mxfp4, DF_DT_MXFP4)
-
-typedef void (*tiles_fn)(int nw, int na, const wrow *w, const float *const *x, int64_t cols, const uint8_t *pf,
-                         float *out);
-
-static void matmul_rows_avx512(const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n, float *y,
-                               int64_t ldy) {
-    int64_t cols = t->shape[1];
-    const uint8_t *data = t->data, *scale = t->scale;
-    tiles_fn tiles;
-    int64_t row_bytes;
-    switch (t->dtype) {
-    case DF_DT_F32: tiles = tiles_f32; row_bytes = cols * 4; break;
-    case DF_DT_BF16: tiles = tiles_bf16; row_bytes = cols * 2; break;
-    case DF_DT_F16: tiles = tiles_f16; row_bytes = cols * 2; break;
-    case DF_DT_I8: tiles = tiles_i8; row_bytes = cols; break;
-    case DF_DT_MXFP4: tiles = tiles_mxfp4; row_bytes = cols / 2; break;
-    default: kern_die_dtype("avx512", t);
-    }
-    /* Weight rows in groups small enough to stay in L2 while every group of 4 activation rows passes. */
-    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) & ~(int64_t)3 : 0;
-    if (group < 4) group = 4;
-    for (int64_t g0 = r0; g0 < r1; g0 += group) {
-        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
-        for (int a = 0; a < n; a += 4) {
-            int na = n - a < 4 ? n - a : 4;
-            const float *xa[4];
-            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
-            for (int64_t r = g0; r < g1;) {
-                int nw = g1 - r >= 4 ? 4 : 1;
-                wrow w[4];
-                for (int j = 0; j < nw; j++) {
-                    w[j].d = data + (r + j) * row_bytes;
-                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
-                }
-                float out[16];
-                /* prefetching helps MXFP4, whose dequantisation keeps the core busy; measured to hurt BF16 */
-                const uint8_t *pf = t->dtype == DF_DT_MXFP4 && r + 2 * nw <= g1 ? data + (r + nw) * row_bytes : NULL;
-                tiles(nw, na, w, xa, cols, pf, out);
-                for (int j = 0; j < nw; j++) {
-                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
-                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
-                }
-                r += nw;
-            }
-        }
-    }
-}
+/* prefetching the next tile helps MXFP4, whose dequantisation keeps the core busy; measured to hurt BF16 */
+KERN_TILES_DEFINE(avx512, 4, 1u << DF_DT_MXFP4)
 
 static uint64_t read_bytes_avx512(const void *p, size_t n) {
     const char *q = p;

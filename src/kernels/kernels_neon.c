@@ -5,17 +5,13 @@
  * nibbles of the block's 16 bytes and looks them up with tbl in a table of the E2M1 values times 2 (integers
  * -12..12), widened to fp32 and multiplied by 2^(s-128) — the same exact products as the reference. */
 #include "kernels.h"
+#include "kern_tiles.h"
 #include "../common/util.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>
 
 #define AI static inline __attribute__((always_inline))
-
-typedef struct {
-    const uint8_t *d;
-    const uint8_t *s;
-} wrow;
 
 AI void widen_i8(int8x16_t v, float32x4_t sc, float32x4_t *o) {
     int16x8_t lo = vmovl_s8(vget_low_s8(v)), hi = vmovl_s8(vget_high_s8(v));
@@ -28,7 +24,7 @@ AI void widen_i8(int8x16_t v, float32x4_t sc, float32x4_t *o) {
 AI float32x4_t bf16x4(uint16x4_t h) { return vreinterpretq_f32_u32(vshll_n_u16(h, 16)); }
 
 /* Weight columns [c, c+16) (c a multiple of 16) as four fp32 vectors, in activation (packed) order. */
-AI void load16(const int dt, const wrow *w, int64_t c, int8x16_t lut, float32x4_t *o) {
+AI void load16(const int dt, const kern_wrow *w, int64_t c, int8x16_t lut, float32x4_t *o) {
     switch (dt) {
     case DF_DT_F32: {
         const float *p = (const float *)(w->d + c * 4);
@@ -61,17 +57,9 @@ AI void load16(const int dt, const wrow *w, int64_t c, int8x16_t lut, float32x4_
     }
 }
 
-static float weight_at(int dt, const wrow *w, int64_t c) {
-    switch (dt) {
-    case DF_DT_F32: { float f; memcpy(&f, w->d + c * 4, 4); return f; }
-    case DF_DT_BF16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_bf16_to_f32(h); }
-    case DF_DT_F16: { uint16_t h; memcpy(&h, w->d + c * 2, 2); return df_f16_to_f32(h); }
-    default: return (float)(int8_t)w->d[c];
-    }
-}
-
-AI void tile(const int dt, const int nw, const int na, const wrow *w, const float *const *x, int64_t cols,
-             float *out) {
+AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const float *const *x, int64_t cols,
+             const uint8_t *pf, float *out) {
+    (void)pf;   /* no prefetching on this path */
     static const int8_t lut_vals[16] = {0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12};
     const int8x16_t lut = vld1q_s8(lut_vals);
     float32x4_t acc[2][4];
@@ -90,77 +78,12 @@ AI void tile(const int dt, const int nw, const int na, const wrow *w, const floa
     for (int j = 0; j < nw; j++)
         for (int i = 0; i < na; i++) {
             float s = vaddvq_f32(acc[j][i]);
-            for (int64_t t = c; t < cols; t++) s += weight_at(dt, &w[j], t) * x[i][t];
+            for (int64_t t = c; t < cols; t++) s += kern_weight_at(dt, &w[j], t) * x[i][t];
             out[j * 4 + i] = s;
         }
 }
 
-#define TILE_SET(NAME, DT)                                                                            \
-    static void NAME(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out) { \
-        if (nw == 2) {                                                                                \
-            switch (na) {                                                                             \
-            case 1: tile(DT, 2, 1, w, x, cols, out); return;                                          \
-            case 2: tile(DT, 2, 2, w, x, cols, out); return;                                          \
-            case 3: tile(DT, 2, 3, w, x, cols, out); return;                                          \
-            default: tile(DT, 2, 4, w, x, cols, out); return;                                         \
-            }                                                                                         \
-        }                                                                                             \
-        switch (na) {                                                                                 \
-        case 1: tile(DT, 1, 1, w, x, cols, out); return;                                              \
-        case 2: tile(DT, 1, 2, w, x, cols, out); return;                                              \
-        case 3: tile(DT, 1, 3, w, x, cols, out); return;                                              \
-        default: tile(DT, 1, 4, w, x, cols, out); return;                                             \
-        }                                                                                             \
-    }
-
-TILE_SET(tiles_f32, DF_DT_F32)
-TILE_SET(tiles_bf16, DF_DT_BF16)
-TILE_SET(tiles_f16, DF_DT_F16)
-TILE_SET(tiles_i8, DF_DT_I8)
-TILE_SET(tiles_mxfp4, DF_DT_MXFP4)
-
-typedef void (*tiles_fn)(int nw, int na, const wrow *w, const float *const *x, int64_t cols, float *out);
-
-static void matmul_rows_neon(const df_tensor *t, int64_t r0, int64_t r1, const float *x, int n, float *y,
-                             int64_t ldy) {
-    int64_t cols = t->shape[1];
-    const uint8_t *data = t->data, *scale = t->scale;
-    tiles_fn tiles;
-    int64_t row_bytes;
-    switch (t->dtype) {
-    case DF_DT_F32: tiles = tiles_f32; row_bytes = cols * 4; break;
-    case DF_DT_BF16: tiles = tiles_bf16; row_bytes = cols * 2; break;
-    case DF_DT_F16: tiles = tiles_f16; row_bytes = cols * 2; break;
-    case DF_DT_I8: tiles = tiles_i8; row_bytes = cols; break;
-    case DF_DT_MXFP4: tiles = tiles_mxfp4; row_bytes = cols / 2; break;
-    default: kern_die_dtype("neon", t);
-    }
-    int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) & ~(int64_t)1 : 0;
-    if (group < 2) group = 2;
-    for (int64_t g0 = r0; g0 < r1; g0 += group) {
-        int64_t g1 = g0 + group < r1 ? g0 + group : r1;
-        for (int a = 0; a < n; a += 4) {
-            int na = n - a < 4 ? n - a : 4;
-            const float *xa[4];
-            for (int i = 0; i < na; i++) xa[i] = x + (int64_t)(a + i) * cols;
-            for (int64_t r = g0; r < g1;) {
-                int nw = g1 - r >= 2 ? 2 : 1;
-                wrow w[2];
-                for (int j = 0; j < nw; j++) {
-                    w[j].d = data + (r + j) * row_bytes;
-                    w[j].s = scale ? scale + (r + j) * (cols / 32) : NULL;
-                }
-                float out[16];
-                tiles(nw, na, w, xa, cols, out);
-                for (int j = 0; j < nw; j++) {
-                    float rs = t->dtype == DF_DT_I8 ? df_f16_to_f32(((const uint16_t *)scale)[r + j]) : 1.0f;
-                    for (int i = 0; i < na; i++) y[(int64_t)(a + i) * ldy + r + j] = out[j * 4 + i] * rs;
-                }
-                r += nw;
-            }
-        }
-    }
-}
+KERN_TILES_DEFINE(neon, 2, 0)
 
 static uint64_t read_bytes_neon(const void *p, size_t n) {
     const uint64_t *q = p;
