@@ -29,9 +29,12 @@ typedef struct df_kernels {
     const char *isa;
     unsigned packed_dtypes;   /* bit (1u << dtype): matmul_rows reads x packed by kern_pack_x */
     /* The ISA's own packing, or both NULL for kern_pack_x_mxfp4's layout: pack_floats gives the size of the
-     * packed x in floats, pack writes it. */
+     * packed x in floats, pack writes part `part` of `parts` of it (parts may run at once on different
+     * threads; together they write all of it). */
     size_t (*pack_floats)(const df_tensor *w, int n);
-    void (*pack)(const df_tensor *w, const float *x, int n, float *xp);
+    void (*pack)(const df_tensor *w, const float *x, int n, float *xp, int part, int parts);
+    /* How many pool tasks per thread kern_matmul makes for w and n; NULL: 4. */
+    int (*tasks_per_thread)(const df_tensor *w, int n);
     void (*matmul_rows)(const df_tensor *w, int64_t r0, int64_t r1, const float *x, int n, float *y,
                         int64_t ldy);
     /* Reads bytes [0, n) (n a multiple of 256, p 64-byte aligned) as fast as this ISA can; returns a checksum
@@ -76,12 +79,20 @@ void kern_parallel_for(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task)
 void kern_parallel_for_t(df_kern *kc, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx);
 
 /* The x that k->matmul_rows expects for w when w's dtype is in k->packed_dtypes: kern_pack_floats(k, w, n)
- * floats (0 when x is used as is), written by kern_pack_x. */
+ * floats (0 when x is used as is), written by kern_pack_x, or by kern_pack_x_part for part in [0, parts). */
 size_t kern_pack_floats(const df_kernels *k, const df_tensor *w, int n);
 void kern_pack_x(const df_kernels *k, const df_tensor *w, const float *x, int n, float *xp);
+void kern_pack_x_part(const df_kernels *k, const df_tensor *w, const float *x, int n, float *xp, int part,
+                      int parts);
 /* The common MXFP4 layout: each 32-column block stored as its 16 even columns then its 16 odd columns (the
- * order of the low then high nibbles of the 16 packed bytes). xp holds n*cols floats. */
-void kern_pack_x_mxfp4(const df_tensor *w, const float *x, int n, float *xp);
+ * order of the low then high nibbles of the 16 packed bytes). xp holds n*cols floats. Part `part` of
+ * `parts` writes the blocks [b0, b1) of kern_pack_blocks of every row. */
+void kern_pack_x_mxfp4(const df_tensor *w, const float *x, int n, float *xp, int part, int parts);
+/* The blocks [*b0, *b1) of nb that part `part` of `parts` of a packing covers. */
+static inline void kern_pack_blocks(int64_t nb, int part, int parts, int64_t *b0, int64_t *b1) {
+    *b0 = nb * part / parts;
+    *b1 = nb * (part + 1) / parts;
+}
 
 /* Small fused pieces (per row of width d, rows contiguous). */
 void kern_rmsnorm(float *out, const float *x, const float *w, int d, float eps);  /* w may be NULL */

@@ -145,10 +145,12 @@ AI void split_block(const float *xi, int64_t b, __m512 sc, __m512i order, __m512
     out[2] = _mm512_permutexvar_epi16(order, split_part(q0, q1, &z0, &z1));
 }
 
-static void amx_pack(const df_tensor *w, const float *x, int n, float *xp) {
-    kern_avx512()->pack(w, x, n, xp);
+/* Every part computes the row scales (cheap next to the split) and part 0 writes them to the header. */
+static void amx_pack(const df_tensor *w, const float *x, int n, float *xp, int part, int parts) {
+    kern_avx512()->pack(w, x, n, xp, part, parts);
     if (n < AMX_MIN_N) return;
-    int64_t cols = w->shape[1], nb = cols / 32;
+    int64_t cols = w->shape[1], nb = cols / 32, b0, b1;
+    kern_pack_blocks(nb, part, parts, &b0, &b1);
     amx_shape sh = amx_shape_of(n);
     float *hdr = xp + amx_hdr_at(w, n);
     uint32_t *tiles = (uint32_t *)(xp + amx_tiles_at(w, n));
@@ -165,23 +167,23 @@ static void amx_pack(const df_tensor *w, const float *x, int n, float *xp) {
         int e = top ? (int)(top >> 23) - 127 : 0;
         int E = DF_MAX(-100, DF_MIN(100, X_TOP - e));
         uint32_t u = (uint32_t)(127 + E) << 23, down = (uint32_t)(127 - E) << 23;
-        memcpy(&hdr[HDR + i], &down, 4);
+        if (part == 0) memcpy(&hdr[HDR + i], &down, 4);
         memcpy(&upf[i], &u, 4);
     }
-    hdr[0] = ok ? 1.0f : 0.0f;
+    if (part == 0) hdr[0] = ok ? 1.0f : 0.0f;
     if (sh.parts == 1) {   /* column 3i+p of the block's tile; row k of the tile is pair k */
-        memset(tiles, 0, amx_tile_dwords(w, n) * sizeof(uint32_t));
+        memset(tiles + b0 * 256, 0, (b1 - b0) * 256 * sizeof(uint32_t));
         const __m512i rows16 = _mm512_mullo_epi32(
             _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15), _mm512_set1_epi32(16));
         for (int i = 0; i < n; i++)
-            for (int64_t b = 0; b < nb; b++) {
+            for (int64_t b = b0; b < b1; b++) {
                 __m512i pt[3];
                 split_block(x + (int64_t)i * cols, b, _mm512_set1_ps(upf[i]), order, pt);
                 for (int p = 0; p < 3; p++) _mm512_i32scatter_epi32(tiles + b * 256 + 3 * i + p, rows16, pt[p], 4);
             }
     } else {   /* column i % 16 of set i / 16: a 16 × 16 transpose per set, block and part */
         for (int s = 0; s < sh.sets; s++)
-            for (int64_t b = 0; b < nb; b++) {
+            for (int64_t b = b0; b < b1; b++) {
                 __m512i r[3][16];
                 for (int j = 0; j < 16; j++) {
                     int i = s * 16 + j;
@@ -403,7 +405,12 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
 
 static uint64_t read_bytes_amx(const void *p, size_t n) { return kern_avx512()->read_bytes(p, n); }
 
-static const df_kernels amx = {"amx", 1u << DF_DT_MXFP4, amx_pack_floats, amx_pack, matmul_rows_amx, read_bytes_amx};
+/* One task per thread where the call runs on AMX: each task's first group starts with its weights not yet
+ * prefetched (measured: 4% faster than 4 tasks per thread for the 16-row expert matrices). */
+static int amx_tasks_per_thread(const df_tensor *w, int n) { return w->dtype == DF_DT_MXFP4 && n >= AMX_MIN_N ? 1 : 4; }
+
+static const df_kernels amx = {"amx",           1u << DF_DT_MXFP4, amx_pack_floats,      amx_pack,
+                               amx_tasks_per_thread, matmul_rows_amx,   read_bytes_amx};
 
 const df_kernels *kern_amx(void) { return kern_avx512() ? &amx : NULL; }
 

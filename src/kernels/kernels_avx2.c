@@ -118,7 +118,7 @@ static uint64_t read_bytes_avx2(const void *p, size_t n) {
     return v[0] + v[1] + v[2] + v[3];
 }
 
-static const df_kernels avx2 = {"avx2", 1u << DF_DT_MXFP4, NULL, NULL, matmul_rows_avx2, read_bytes_avx2};
+static const df_kernels avx2 = {"avx2", 1u << DF_DT_MXFP4, NULL, NULL, NULL, matmul_rows_avx2, read_bytes_avx2};
 
 const df_kernels *kern_avx2(void) { return &avx2; }
 

@@ -136,17 +136,21 @@ static uint64_t read_bytes_avx512(const void *p, size_t n) {
 }
 
 /* kern_pack_x_mxfp4's layout (even columns of a block, then odd ones), two permutes per block. */
-static void pack_avx512(const df_tensor *w, const float *x, int n, float *xp) {
+static void pack_avx512(const df_tensor *w, const float *x, int n, float *xp, int part, int parts) {
     const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
     const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
-    for (int64_t i = 0; i < (int64_t)n * w->shape[1]; i += 32) {
-        __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
-        _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, even, b));
-        _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, odd, b));
-    }
+    int64_t cols = w->shape[1], b0, b1;
+    kern_pack_blocks(cols / 32, part, parts, &b0, &b1);
+    for (int64_t r = 0; r < n; r++)
+        for (int64_t i = r * cols + b0 * 32; i < r * cols + b1 * 32; i += 32) {
+            __m512 a = _mm512_loadu_ps(x + i), b = _mm512_loadu_ps(x + i + 16);
+            _mm512_storeu_ps(xp + i, _mm512_permutex2var_ps(a, even, b));
+            _mm512_storeu_ps(xp + i + 16, _mm512_permutex2var_ps(a, odd, b));
+        }
 }
 
-static const df_kernels avx512 = {"avx512", 1u << DF_DT_MXFP4, NULL, pack_avx512, matmul_rows_avx512, read_bytes_avx512};
+static const df_kernels avx512 = {"avx512", 1u << DF_DT_MXFP4, NULL, pack_avx512, NULL, matmul_rows_avx512,
+                                  read_bytes_avx512};
 
 const df_kernels *kern_avx512(void) { return &avx512; }
 

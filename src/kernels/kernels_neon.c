@@ -97,7 +97,7 @@ static uint64_t read_bytes_neon(const void *p, size_t n) {
     return vaddvq_u64(vaddq_u64(vaddq_u64(s0, s1), vaddq_u64(s2, s3)));
 }
 
-static const df_kernels neon = {"neon", 1u << DF_DT_MXFP4, NULL, NULL, matmul_rows_neon, read_bytes_neon};
+static const df_kernels neon = {"neon", 1u << DF_DT_MXFP4, NULL, NULL, NULL, matmul_rows_neon, read_bytes_neon};
 
 const df_kernels *kern_neon(void) { return &neon; }
 

@@ -32,7 +32,7 @@ static uint64_t read_bytes_scalar(const void *p, size_t n) {
     return a + b + c + d;
 }
 
-static const df_kernels scalar = {"scalar", 0, NULL, NULL, matmul_rows_scalar, read_bytes_scalar};
+static const df_kernels scalar = {"scalar", 0, NULL, NULL, NULL, matmul_rows_scalar, read_bytes_scalar};
 
 const df_kernels *kern_scalar(void) { return &scalar; }
 

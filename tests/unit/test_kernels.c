@@ -109,7 +109,7 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
     for (size_t di = 0; di < sizeof dtypes / sizeof dtypes[0]; di++) {
         df_dtype dt = dtypes[di];
         double worst = 0;
-        int bad_split = 0;
+        int bad_split = 0, bad_pack = 0;
         int n_cases = (int)(sizeof shapes / sizeof shapes[0]) + (dt == DF_DT_MXFP4 ? 0 : 6);
         for (int s = 0; s < n_cases; s++) {
             int64_t rows, cols;
@@ -121,7 +121,7 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
             }
             mat m = mat_random(dt, rows, cols, r);
             float *x = xmalloc(n * cols * sizeof(float));
-            float *xp = xmalloc((kern_pack_floats(k, &m.t, n) + 1) * sizeof(float));
+            float *xp = xcalloc(kern_pack_floats(k, &m.t, n) + 1, sizeof(float));   /* header padding: 0 */
             float *want = xmalloc(n * rows * sizeof(float)), *got = xmalloc(n * rows * sizeof(float));
             float *part = xmalloc(n * rows * sizeof(float));
             for (int64_t i = 0; i < n * cols; i++) x[i] = rng_f(r) * 4.0f;
@@ -131,9 +131,15 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
             if (!(e <= worst)) worst = e;
             /* the table entry on an odd row range, as the pool's chunks call it */
             const float *xk = x;
-            if (kern_pack_floats(k, &m.t, n)) {
+            size_t pf = kern_pack_floats(k, &m.t, n);
+            if (pf) {
                 kern_pack_x(k, &m.t, x, n, xp);
                 xk = xp;
+                /* packed in 3 parts, last first (as threads may run them): the same floats */
+                float *xq = xcalloc(pf + 1, sizeof(float));
+                for (int q = 2; q >= 0; q--) kern_pack_x_part(k, &m.t, x, n, xq, q, 3);
+                if (memcmp(xq, xp, pf * sizeof(float))) bad_pack++;
+                free(xq);
             }
             int64_t r0 = rows / 3, r1 = rows - rows / 5;
             memcpy(part, got, n * rows * sizeof(float));
@@ -146,6 +152,9 @@ static void check_isa_matmul(const df_kernels *k, rng *r) {
         }
         CHECK(worst <= tolerance(dt), "%s %s: matmul vs scalar reference, %d shapes, max rel err %.2g <= %.0g",
               k->isa, tensor_dtype_name(dt), n_cases, worst, tolerance(dt));
+        if (k->packed_dtypes & (1u << dt))
+            CHECK(bad_pack == 0, "%s %s: packing x in parts gives the whole packing (%d shapes differ)", k->isa,
+                  tensor_dtype_name(dt), bad_pack);
         CHECK(bad_split == 0, "%s %s: a row's result does not depend on how rows are split (%d differ)", k->isa,
               tensor_dtype_name(dt), bad_split);
     }
