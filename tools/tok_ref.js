@@ -13,16 +13,7 @@
 const fs = require("fs");
 const { Tiktoken } = require("tiktoken/lite");
 
-const KIMI = [
-  String.raw`[\p{Han}]+`,
-  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String.raw`\p{N}{1,3}`,
-  String.raw` ?[^\s\p{L}\p{N}]+[\r\n]*`,
-  String.raw`\s*[\r\n]+`,
-  String.raw`\s+(?!\S)`,
-  String.raw`\s+`,
-].join("|");
+const KIMI = require("./kimi_pattern");
 
 // VOCAB may also be a tiktoken-format file (`base64 rank` lines, e.g. models/default/tiktoken.model); it
 // is handed to tiktoken in the package's own ranks format, one token per line.

@@ -7,16 +7,7 @@ const fs = require("fs");
 const path = require("path");
 const { Tiktoken } = require("tiktoken/lite");
 
-const KIMI = [
-  String.raw`[\p{Han}]+`,
-  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String.raw`[^\r\n\p{L}\p{N}]?[\p{Lu}\p{Lt}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]+[\p{Ll}\p{Lm}\p{Lo}\p{M}&&[^\p{Han}]]*(?i:'s|'t|'re|'ve|'m|'ll|'d)?`,
-  String.raw`\p{N}{1,3}`,
-  String.raw` ?[^\s\p{L}\p{N}]+[\r\n]*`,
-  String.raw`\s*[\r\n]+`,
-  String.raw`\s+(?!\S)`,
-  String.raw`\s+`,
-].join("|");
+const KIMI = require("../kimi_pattern");
 
 const [dataDir, modelDir] = process.argv.slice(2);
 const ranks = fs.readFileSync(path.join(modelDir, "tiktoken.model"), "utf8");
