@@ -89,7 +89,7 @@ static void add_layer_spine(syn_shard *s, const syn_dims *D, int i) {
         add(s, p, "mlp_res_proj.weight", "BF16", G_BF16, 2, 1, d, 0);
     }
     if (i % 4 != 3) {   /* KDA */
-        static const char *qkv[3] = {"q", "k", "v"};
+        static const char *const qkv[3] = {"q", "k", "v"};
         char n[64];
         for (int j = 0; j < 3; j++) {
             snprintf(n, sizeof n, "self_attn.%s_proj.weight", qkv[j]);

@@ -8,7 +8,7 @@ const float df_e2m1_values[16] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f
                                   -0.0f, -0.5f, -1.0f, -1.5f, -2.0f, -3.0f, -4.0f, -6.0f};
 
 const char *tensor_dtype_name(df_dtype dt) {
-    static const char *names[DF_DT_COUNT] = {"F32", "F16", "BF16", "MXFP4", "I8", "U8", "I32", "I64"};
+    static const char *const names[DF_DT_COUNT] = {"F32", "F16", "BF16", "MXFP4", "I8", "U8", "I32", "I64"};
     return (unsigned)dt < DF_DT_COUNT ? names[dt] : "?";
 }
 

@@ -80,7 +80,7 @@ void df_engine_free(df_engine *e) {
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
 
 static void fmt_count(char out[32], int64_t n) {
-    static const char *units[] = {"", "K", "M", "B", "T"};
+    static const char *const units[] = {"", "K", "M", "B", "T"};
     double v = (double)n;
     int u = 0;
     while (v >= 1000.0 && u < 4) {

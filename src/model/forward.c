@@ -354,7 +354,7 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
 static int check_layer(df_fwd *f) {
     const df_config *c = &f->m->cfg;
     int d = c->d;
-    static const char *norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
+    static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
                                   "self_attention_res_norm.weight", "self_attention_res_proj.weight",
                                   "mlp_res_norm.weight", "mlp_res_proj.weight"};
     for (int i = 0; i < (c->attn_res_block ? 6 : 2); i++) {

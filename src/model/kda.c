@@ -128,7 +128,7 @@ static int kda_weights_get(df_fwd *f, const kda_dims *k, kda_weights *w) {
     const df_config *c = &f->m->cfg;
     int64_t d = c->d, P = k->P;
     memset(w, 0, sizeof *w);
-    static const char *convs[3] = {"self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight",
+    static const char *const convs[3] = {"self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight",
                                    "self_attn.v_conv1d.weight"};
     int ok = (w->q = fwd_mat(f, "self_attn.q_proj.weight", P, d)) && (w->k = fwd_mat(f, "self_attn.k_proj.weight", P, d)) &&
              (w->v = fwd_mat(f, "self_attn.v_proj.weight", P, d)) &&
