@@ -42,17 +42,21 @@ $(B)/asan/%.o: %.c
 
 $(B)/libdeltafin.a: $(LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "AR  $@"
+	@ar rcs $@ $^
 
 $(B)/asan/libdeltafin.a: $(ASAN_LIB_OBJ)
 	@rm -f $@
-	ar rcs $@ $^
+	@echo "AR  $@"
+	@ar rcs $@ $^
 
 $(BIN): $(CLI_OBJ) $(B)/libdeltafin.a
-	$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
+	@echo "LD  $@"
+	@$(CC) $(CFLAGS) -o $@ $^ $(LDLIBS)
 
 $(B)/asan/deltafin: $(ASAN_CLI_OBJ) $(B)/asan/libdeltafin.a
-	$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS)
+	@echo "LD  $@"
+	@$(CC) $(CFLAGS) $(SAN) -o $@ $^ $(LDLIBS)
 
 $(B)/asan/tests/%: tests/unit/%.c $(B)/asan/libdeltafin.a
 	@mkdir -p $(dir $@)
