@@ -402,6 +402,29 @@ static void check_amx(rng *r) {
     kern_free(&kv);
 }
 
+/* AVX-512 MXFP4 with 1-2 activation rows sums each 128-column group unscaled and scales it after; where that
+ * sum overflows (|x| near 2^124, scales 2^-27) the row must be redone scaled and still match the reference. */
+static void check_mxfp4_unscaled_overflow(rng *r) {
+    const df_kernels *k = kern_avx512();
+    if (!k) return;
+    int64_t rows = 9, cols = 256;
+    mat m = mat_random(DF_DT_MXFP4, rows, cols, r);
+    uint8_t *sc = m.scale;
+    for (int64_t i = 0; i < rows * cols / 32; i++) sc[i] = 100;
+    for (int64_t i = 0; i < rows * cols / 2; i++) ((uint8_t *)m.data)[i] |= 0x77;   /* |e2m1| = 6 */
+    float *x = xmalloc(2 * cols * sizeof(float)), *want = xmalloc(2 * rows * sizeof(float));
+    float *got = xmalloc(2 * rows * sizeof(float));
+    float *xp = xcalloc(kern_pack_floats(k, &m.t, 2) + 1, sizeof(float));
+    for (int64_t i = 0; i < 2 * cols; i++) x[i] = ldexpf(0.9f + 0.1f * fabsf(rng_f(r)), 124);
+    kern_scalar()->matmul_rows(&m.t, 0, rows, x, 2, want, rows);
+    kern_pack_x(k, &m.t, x, 2, xp);
+    k->matmul_rows(&m.t, 0, rows, xp, 2, got, rows);
+    double e = max_rel_err(&m.t, x, 2, got, want);
+    CHECK(e <= 1e-6 && isfinite(want[0]), "avx512 MXFP4: overflowing unscaled group sums are redone scaled (%.2g)", e);
+    free(x), free(want), free(got), free(xp);
+    mat_free(&m);
+}
+
 int main(void) {
     rng r = {0x9e3779b97f4a7c15ull};
     check_selection();
@@ -412,6 +435,7 @@ int main(void) {
         check_threads_agree(av[i], &r);
     }
     check_amx(&r);
+    check_mxfp4_unscaled_overflow(&r);
     check_pool(&r);
     check_matmul_t(&r);
     check_small_ops(&r);
