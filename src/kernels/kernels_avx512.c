@@ -76,6 +76,20 @@ AI int row_scales_le_one(const kern_wrow *w, int64_t nb) {
     return any == 0;
 }
 
+/* acc[j][i] += the 32 weights of row j at column c (wv[j]) times x[i][c..c+32). */
+AI void fma_block32(const int nw, const int na, __m512 wv[4][2], const float *const *x, int64_t c,
+                    __m512 acc[4][4]) {
+#pragma GCC unroll 4
+    for (int i = 0; i < na; i++) {
+        __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
+#pragma GCC unroll 4
+        for (int j = 0; j < nw; j++) {
+            acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
+            acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
+        }
+    }
+}
+
 /* One 128-column group (4 blocks, 64 packed bytes per row) of an MXFP4 tile. Dword l of the 64 bytes holds
  * nibbles k = 0..7 of columns 8l + k (the packed x matches: kern group layout), so a shift by 4k and one
  * vpermps give 16 weights with no zero-extension. Lane l's block is l/4; scv[j] holds its 2^(s-127).
@@ -145,15 +159,7 @@ AI void mxfp4_pass(const int nw, const int na, const int allow_unscaled, const k
             __m512 wv[4][2];
 #pragma GCC unroll 4
             for (int j = 0; j < nw; j++) load32(DF_DT_MXFP4, &w[j], c, tbl, sc[j][b], &wv[j][0], &wv[j][1]);
-#pragma GCC unroll 4
-            for (int i = 0; i < na; i++) {
-                __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
-#pragma GCC unroll 4
-                for (int j = 0; j < nw; j++) {
-                    acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
-                    acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
-                }
-            }
+            fma_block32(nw, na, wv, x, c, acc);
         }
     }
 #pragma GCC unroll 4
@@ -217,15 +223,7 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
             for (int64_t o = 0; o < pf_step; o += 64) _mm_prefetch((const char *)pf + (c / 32) * pf_step + o, _MM_HINT_T0);
 #pragma GCC unroll 4
         for (int j = 0; j < nw; j++) load32(dt, &w[j], c, _mm512_setzero_ps(), 0.0f, &wv[j][0], &wv[j][1]);
-#pragma GCC unroll 4
-        for (int i = 0; i < na; i++) {
-            __m512 x0 = _mm512_loadu_ps(x[i] + c), x1 = _mm512_loadu_ps(x[i] + c + 16);
-#pragma GCC unroll 4
-            for (int j = 0; j < nw; j++) {
-                acc[j][i] = _mm512_fmadd_ps(wv[j][0], x0, acc[j][i]);
-                acc[j][i] = _mm512_fmadd_ps(wv[j][1], x1, acc[j][i]);
-            }
-        }
+        fma_block32(nw, na, wv, x, c, acc);
     }
     for (; c < cols; c += 16) {
         __mmask16 m = cols - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (cols - c)) - 1);
