@@ -87,13 +87,28 @@ static uint64_t case_bytes(const bench_case *c) {
 }
 
 typedef struct {
-    double weight_gbps, sec_per_call;
+    double weight_gbps, mem_gbps, ratio, sec_per_call;   /* medians over the rounds */
     int calls, copies;
 } case_result;
 
-/* Copies of the matrix laid end to end through buf (data then scales), cycled through call after call. */
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+    qsort(v, n, sizeof *v, cmp_double);
+    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
+}
+
+enum { BENCH_ROUNDS_MAX = 15 };
+
+/* Copies of the matrix laid end to end through buf (data then scales), cycled through call after call, in
+ * rounds: each round first measures the memory read bandwidth (one pass over buf) and then times the kernel
+ * for min_s / rounds, so that each ratio compares the two under the same conditions on a shared machine,
+ * whose bandwidth drifts by tens of percent from second to second. The medians over the rounds are kept. */
 static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf, size_t buf_bytes, int batch,
-                                  double min_s) {
+                                  double min_s, int rounds) {
     uint64_t wb = case_bytes(c);
     int copies = (int)DF_MAX(1, DF_MIN(buf_bytes / wb, 4096));
     df_tensor *v = xcalloc(copies, sizeof *v);
@@ -113,15 +128,25 @@ static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf
     float *y = xmalloc((size_t)batch * c->rows * sizeof(float));
     for (int64_t i = 0; i < batch * c->cols; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     kern_matmul(kc, &v[copies - 1], x, batch, y);   /* warm the pool and the code */
-    case_result r = {0, 0, 0, copies};
-    double t0 = df_now(), t;
-    do {
-        kern_matmul(kc, &v[r.calls % copies], x, batch, y);
-        r.calls++;
-        t = df_now() - t0;
-    } while (r.calls < copies || t < min_s);
-    r.sec_per_call = t / r.calls;
-    r.weight_gbps = (double)wb / r.sec_per_call / 1e9;
+    case_result r = {0, 0, 0, 0, 0, copies};
+    double gbps[BENCH_ROUNDS_MAX], mem[BENCH_ROUNDS_MAX], ratio[BENCH_ROUNDS_MAX], spc[BENCH_ROUNDS_MAX];
+    for (int k = 0; k < rounds; k++) {
+        mem[k] = bench_mem_gbps(kc, buf, buf_bytes, 1);
+        int calls = 0;
+        double t0 = df_now(), t;
+        do {
+            kern_matmul(kc, &v[r.calls % copies], x, batch, y);
+            r.calls++, calls++;
+            t = df_now() - t0;
+        } while (t < min_s / rounds);
+        spc[k] = t / calls;
+        gbps[k] = (double)wb / spc[k] / 1e9;
+        ratio[k] = gbps[k] / mem[k];
+    }
+    r.weight_gbps = median(gbps, rounds);
+    r.mem_gbps = median(mem, rounds);
+    r.ratio = median(ratio, rounds);
+    r.sec_per_call = median(spc, rounds);
     free(x), free(y), free(v);
     return r;
 }
@@ -169,12 +194,14 @@ static int bench_kernels(int argc, char **argv) {
     fill_job f = {buf, bytes};
     kern_parallel_for(&kc, 64, fill_task, &f);
     double mem = bench_mem_gbps(&kc, buf, bytes, o.quick ? 2 : 5);
-    double min_s = o.quick ? 0.02 : 0.5;
+    double min_s = o.quick ? 0.02 : 1.5;
+    int rounds = o.quick ? 1 : 5;
     if (!o.json)
-        printf("kernels: isa %s, %d threads, working set %.2f GiB, memory read bandwidth %.2f GB/s\n"
-               "%-8s %-6s %-10s %6s %6s %5s %9s %8s %7s %10s\n",
-               kc.k->isa, kc.n_threads, bytes / 1073741824.0, mem, "shape", "dtype", "kernel", "rows", "cols",
-               "batch", "weight_GB/s", "ratio", "ms/call", "rows*GB/s");
+        printf("kernels: isa %s, %d threads, working set %.2f GiB, memory read bandwidth %.2f GB/s at start;\n"
+               "each case: medians of %d rounds of (memory read pass, kernel timing), ratio per round\n"
+               "%-8s %-6s %-10s %6s %6s %5s %9s %8s %8s %7s %10s\n",
+               kc.k->isa, kc.n_threads, bytes / 1073741824.0, mem, rounds, "shape", "dtype", "kernel", "rows", "cols",
+               "batch", "weight_GB/s", "mem_GB/s", "ratio", "ms/call", "rows*GB/s");
     else
         printf("{\"kernel\":\"memread\",\"isa\":\"%s\",\"threads\":%d,\"bytes\":%zu,\"mem_gbps\":%.3f}\n",
                kc.k->isa, kc.n_threads, bytes, mem);
@@ -185,7 +212,7 @@ static int bench_kernels(int argc, char **argv) {
         if (o.shape && strcmp(o.shape, c->shape)) continue;
         static const int batches[] = {1, 16};
         for (int b = 0; b < 2; b++) {
-            case_result r = bench_case_run(&kc, c, buf, bytes, batches[b], min_s);
+            case_result r = bench_case_run(&kc, c, buf, bytes, batches[b], min_s, rounds);
             const char *kernel = batches[b] == 1 ? "matvec" : "matmul";
             if (c->dtype == DF_DT_MXFP4) {
                 if (batches[b] == 1) mx1 += r.weight_gbps;
@@ -195,14 +222,14 @@ static int bench_kernels(int argc, char **argv) {
                 printf("{\"kernel\":\"%s\",\"shape\":\"%s\",\"dtype\":\"%s\",\"isa\":\"%s\",\"threads\":%d,"
                        "\"rows\":%" PRId64 ",\"cols\":%" PRId64 ",\"batch\":%d,\"weight_gbps\":%.3f,"
                        "\"mem_gbps\":%.3f,\"ratio\":%.4f,\"rows_gbps\":%.3f,\"ms_per_call\":%.4f,"
-                       "\"calls\":%d,\"copies\":%d,\"quick\":%s}\n",
+                       "\"calls\":%d,\"copies\":%d,\"rounds\":%d,\"quick\":%s}\n",
                        kernel, c->shape, tensor_dtype_name(c->dtype), kc.k->isa, kc.n_threads, c->rows, c->cols,
-                       batches[b], r.weight_gbps, mem, r.weight_gbps / mem, r.weight_gbps * batches[b],
-                       r.sec_per_call * 1e3, r.calls, r.copies, o.quick ? "true" : "false");
+                       batches[b], r.weight_gbps, r.mem_gbps, r.ratio, r.weight_gbps * batches[b],
+                       r.sec_per_call * 1e3, r.calls, r.copies, rounds, o.quick ? "true" : "false");
             else
-                printf("%-8s %-6s %-10s %6" PRId64 " %6" PRId64 " %5d %9.2f %8.1f%% %7.3f %10.2f\n", c->shape,
+                printf("%-8s %-6s %-10s %6" PRId64 " %6" PRId64 " %5d %9.2f %8.2f %7.1f%% %7.3f %10.2f\n", c->shape,
                        tensor_dtype_name(c->dtype), kernel, c->rows, c->cols, batches[b], r.weight_gbps,
-                       100 * r.weight_gbps / mem, r.sec_per_call * 1e3, r.weight_gbps * batches[b]);
+                       r.mem_gbps, 100 * r.ratio, r.sec_per_call * 1e3, r.weight_gbps * batches[b]);
             fflush(stdout);
         }
     }

@@ -209,9 +209,9 @@ static const uint16_t e2m1_bf16[32] = {
     0x8000, 0xbf00, 0xbf80, 0xbfc0, 0xc000, 0xc040, 0xc080, 0xc0c0,
 };
 
-/* 4L for the words of 128-bit lane L */
-static const uint16_t lane_shifts[32] = {0, 0, 0, 0, 0, 0, 0, 0, 4, 4, 4, 4, 4, 4, 4, 4,
-                                         8, 8, 8, 8, 8, 8, 8, 8, 12, 12, 12, 12, 12, 12, 12, 12};
+/* 4L for the dwords of 128-bit lane L (a dword shift moves both of its words' nibbles alike, and only bits 0-4
+ * of each word are read: vpsrlvd is one uop where vpsrlvw is two) */
+static const uint32_t lane_shifts[16] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12};
 
 /* Blocks [0, cb) of one row (d: its packed bytes, off: its scale offsets) as bf16 into dst.
  * The 16 bytes are broadcast to the four 128-bit lanes and lane L shifted right by 4L bits, so that the low
@@ -223,7 +223,7 @@ AI void dequant_blocks(const int cb, const uint8_t *d, const int32_t *off, __m51
 #pragma GCC unroll 4
     for (int b = 0; b < cb; b++) {
         __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(d + 16 * b)));
-        __m512i idx = _mm512_srlv_epi16(raw, shifts);
+        __m512i idx = _mm512_srlv_epi32(raw, shifts);
         __m512i tbl = _mm512_mask_add_epi16(base, (__mmask32)0xfefefefeu, base, _mm512_set1_epi32(off[b]));
         _mm512_store_si512(dst + 32 * b, _mm512_permutexvar_epi16(idx, tbl));
     }
@@ -253,22 +253,32 @@ static int row_scales_ok(const uint8_t *s, int64_t nb) {
     return !bad;
 }
 
-/* The next super-group's weights, prefetched into L2 in address order one line per row and chunk dequantised
- * (which spreads them evenly over the current super-group: it has exactly as many row-chunks as lines). */
+/* The prefetches that keep memory busy while the TDPs run (the dequantisation, which reads the weights, and the
+ * TDPs take turns on the core, so loads issued only while dequantising leave memory idle half the time):
+ * during one chunk's TDPs, the group's next chunk (one line per row) into L1, and the next super-group's weights
+ * into L2 in address order, one line per row and chunk, which spreads them evenly over the current
+ * super-group (it has exactly as many row-chunks as lines). */
 typedef struct {
-    const uint8_t *p;
-    int64_t at, end;
-} amx_seq;
+    const uint8_t *next_sg;      /* the next super-group's first weight byte */
+    int64_t at, end;             /* bytes of it prefetched, and its size */
+    const uint8_t *next_chunk;   /* the group's next chunk in row 0, or NULL after the last chunk */
+    int64_t row_bytes;
+    int row, rows;               /* rows of the next chunk prefetched, of rows */
+} amx_prefetch;
 
-/* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. Each row
- * also prefetches its next chunk (for the first super-group, which nothing prefetched). */
+AI void prefetch_some(amx_prefetch *pf) {
+    if (pf->next_chunk)
+        for (int i = 0; i < 4 && pf->row < pf->rows; i++, pf->row++)
+            _mm_prefetch((const char *)pf->next_chunk + pf->row * pf->row_bytes, _MM_HINT_T0);
+    for (int i = 0; i < 4 && pf->at < pf->end; i++, pf->at += 64)
+        _mm_prefetch((const char *)pf->next_sg + pf->at, _MM_HINT_T1);
+}
+
+/* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. */
 static void dequant_group(const uint8_t *d, const int32_t *off, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
-                          int cb, amx_seq *seq, __m512i base, __m512i shifts, uint16_t *abuf) {
+                          int cb, __m512i base, __m512i shifts, uint16_t *abuf) {
     for (int m = 0; m < nr; m++) {
         const uint8_t *dm = d + m * row_bytes + b0 * 16;
-        if (b0 + CHUNK < nb) _mm_prefetch((const char *)dm + CHUNK * 16, _MM_HINT_T1);
-        if (seq->at < seq->end) _mm_prefetch((const char *)seq->p + seq->at, _MM_HINT_T1);
-        seq->at += 64;
         const int32_t *o = off + m * nb + b0;
         if (cb == CHUNK) dequant_blocks(CHUNK, dm, o, base, shifts, abuf + m * CHUNK * 32);
         else dequant_blocks(cb, dm, o, base, shifts, abuf + m * CHUNK * 32);
@@ -285,8 +295,9 @@ static void dequant_group(const uint8_t *d, const int32_t *off, int nr, int64_t 
         }                                                                                          \
     } while (0)
 
-/* C (tiles 0-3, four row tiles) += A (abuf, blocks [0, cb)) · B (bt: the set's tiles of those blocks). */
-AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int cb) {
+/* C (tiles 0-3, four row tiles) += A (abuf, blocks [0, cb)) · B (bt: the set's tiles of those blocks), with
+ * prefetches between the row tiles. */
+AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int cb, amx_prefetch *pf) {
     for (int b = 0; b < cb; b++) {
         const uint32_t *bb = bt + b * parts * 256;
         _tile_loadd(4, bb, 64);
@@ -295,9 +306,13 @@ AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int
             _tile_loadd(6, bb + 512, 64);
         }
         const uint16_t *a = abuf + 32 * b;
+        prefetch_some(pf);
         TDP_ROWTILE(0, parts);
+        prefetch_some(pf);
         TDP_ROWTILE(1, parts);
+        prefetch_some(pf);
         TDP_ROWTILE(2, parts);
+        prefetch_some(pf);
         TDP_ROWTILE(3, parts);
     }
 }
@@ -350,7 +365,8 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
     uint16_t *abuf = xaligned_alloc(64, RG * CHUNK * 32 * sizeof(uint16_t));   /* zero: rows past nr */
     for (int64_t rs = r0; rs < r1; rs += SG * RG) {
         int nrs = (int)DF_MIN(SG * RG, r1 - rs), ng = (nrs + RG - 1) / RG;
-        amx_seq seq = {data + (rs + SG * RG) * row_bytes, 0, DF_MAX(0, DF_MIN(SG * RG, r1 - rs - SG * RG)) * row_bytes};
+        amx_prefetch pf = {data + (rs + SG * RG) * row_bytes, 0,
+                           DF_MAX(0, DF_MIN(SG * RG, r1 - rs - SG * RG)) * row_bytes, NULL, row_bytes, 0, 0};
         uint64_t ok_rows[SG] = {0};
         for (int m = 0; m < nrs; m++) {
             if (row_scales_ok(scale + (rs + m) * nb, nb)) ok_rows[m / RG] |= 1ull << (m % RG);
@@ -362,8 +378,9 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
             for (int g = 0; g < ng; g++) {
                 int64_t rg = rs + g * RG;
                 int nr = (int)DF_MIN(RG, r1 - rg);
-                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb, &seq, base,
-                              shifts, abuf);
+                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb, base, shifts, abuf);
+                pf.next_chunk = b0 + CHUNK < nb ? data + rg * row_bytes + (b0 + CHUNK) * 16 : NULL;
+                pf.row = 0, pf.rows = nr;
                 for (int s = 0; s < sh.sets; s++) {
                     float *cs = cacc + g * cg_floats + s * 1024;
                     if (b0 == 0) {   /* (with one group and one set, C stays in the tiles between chunks) */
@@ -378,8 +395,8 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
                         _tile_loadd(3, cs + 768, 64);
                     }
                     const uint32_t *bt = tiles + (s * nb + b0) * sh.parts * 256;
-                    if (sh.parts == 3) chunk_tdp(3, bt, abuf, cb);
-                    else chunk_tdp(1, bt, abuf, cb);
+                    if (sh.parts == 3) chunk_tdp(3, bt, abuf, cb, &pf);
+                    else chunk_tdp(1, bt, abuf, cb, &pf);
                     if (!keep_c || b0 + CHUNK >= nb) {
                         _tile_stored(0, cs, 64);
                         _tile_stored(1, cs + 256, 64);
