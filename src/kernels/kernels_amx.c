@@ -218,27 +218,21 @@ static const uint32_t lane_shifts[16] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12,
  * four bits of word w of lane L are the nibble of column 4w + L; vpermw looks them up in the block's table:
  * the E2M1 bf16 values with (s-127) << 7 added to the nonzero ones, which multiplies them by 2^(s-127) and,
  * for S_MIN <= s <= S_MAX, keeps them normal bf16. */
-AI void dequant_blocks(const int cb, const uint8_t *d, const int32_t *off, __m512i base, __m512i shifts,
+AI void dequant_blocks(const int cb, const uint8_t *d, const uint8_t *sc, const int32_t *lut, __m512i base, __m512i shifts,
                        uint16_t *dst) {
 #pragma GCC unroll 4
     for (int b = 0; b < cb; b++) {
         __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(d + 16 * b)));
         __m512i idx = _mm512_srlv_epi32(raw, shifts);
-        __m512i tbl = _mm512_mask_add_epi16(base, (__mmask32)0xfefefefeu, base, _mm512_set1_epi32(off[b]));
+        __m512i tbl = _mm512_mask_add_epi16(base, (__mmask32)0xfefefefeu, base, _mm512_set1_epi32(lut[sc[b]]));
         _mm512_store_si512(dst + 32 * b, _mm512_permutexvar_epi16(idx, tbl));
     }
 }
 
-/* The scale offsets (s-127) << 7 of a row's nb blocks, in both halves of a dword (a broadcast from memory
- * then costs no shuffle). */
-static void scale_offsets(const uint8_t *s, int64_t nb, int32_t *off) {
-    for (int64_t c = 0; c < nb; c += 16) {
-        __mmask16 m = nb - c >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (nb - c)) - 1);
-        __m512i v = _mm512_cvtepu8_epi32(_mm_maskz_loadu_epi8(m, s + c));
-        v = _mm512_slli_epi32(_mm512_sub_epi32(v, _mm512_set1_epi32(127)), 7);
-        v = _mm512_or_si512(_mm512_and_si512(v, _mm512_set1_epi32(0xffff)), _mm512_slli_epi32(v, 16));
-        _mm512_mask_storeu_epi32(off + c, m, v);
-    }
+/* The table add of each E8M0 scale byte s: (s-127) << 7 in both halves of a dword (a broadcast from memory then
+ * costs no shuffle). */
+static void scale_lut(int32_t lut[256]) {
+    for (int s = 0; s < 256; s++) lut[s] = (int32_t)((((uint32_t)(s - 127) << 7) & 0xffffu) * 0x10001u);
 }
 
 /* Whether every scale of a row lies in [S_MIN, S_MAX]. */
@@ -275,13 +269,13 @@ AI void prefetch_some(amx_prefetch *pf) {
 }
 
 /* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. */
-static void dequant_group(const uint8_t *d, const int32_t *off, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
+static void dequant_group(const uint8_t *d, const uint8_t *sc, const int32_t *lut, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
                           int cb, __m512i base, __m512i shifts, uint16_t *abuf) {
     for (int m = 0; m < nr; m++) {
         const uint8_t *dm = d + m * row_bytes + b0 * 16;
-        const int32_t *o = off + m * nb + b0;
-        if (cb == CHUNK) dequant_blocks(CHUNK, dm, o, base, shifts, abuf + m * CHUNK * 32);
-        else dequant_blocks(cb, dm, o, base, shifts, abuf + m * CHUNK * 32);
+        const uint8_t *o = sc + m * nb + b0;
+        if (cb == CHUNK) dequant_blocks(CHUNK, dm, o, lut, base, shifts, abuf + m * CHUNK * 32);
+        else dequant_blocks(cb, dm, o, lut, base, shifts, abuf + m * CHUNK * 32);
     }
 }
 
@@ -361,7 +355,8 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
     _tile_loadconfig(&cfg);
     const int64_t cg_floats = (int64_t)sh.sets * 1024;   /* one group's C tiles */
     float *cacc = xaligned_alloc(64, (size_t)SG * cg_floats * sizeof(float));
-    int32_t *off = xaligned_alloc(64, (size_t)SG * RG * nb * sizeof(int32_t));
+    int32_t lut[256];
+    scale_lut(lut);
     uint16_t *abuf = xaligned_alloc(64, RG * CHUNK * 32 * sizeof(uint16_t));   /* zero: rows past nr */
     for (int64_t rs = r0; rs < r1; rs += SG * RG) {
         int nrs = (int)DF_MIN(SG * RG, r1 - rs), ng = (nrs + RG - 1) / RG;
@@ -370,7 +365,6 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
         uint64_t ok_rows[SG] = {0};
         for (int m = 0; m < nrs; m++) {
             if (row_scales_ok(scale + (rs + m) * nb, nb)) ok_rows[m / RG] |= 1ull << (m % RG);
-            scale_offsets(scale + (rs + m) * nb, nb, off + m * nb);
         }
         const int keep_c = ng == 1 && sh.sets == 1;
         for (int64_t b0 = 0; b0 < nb; b0 += CHUNK) {
@@ -378,7 +372,7 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
             for (int g = 0; g < ng; g++) {
                 int64_t rg = rs + g * RG;
                 int nr = (int)DF_MIN(RG, r1 - rg);
-                dequant_group(data + rg * row_bytes, off + g * RG * nb, nr, row_bytes, nb, b0, cb, base, shifts, abuf);
+                dequant_group(data + rg * row_bytes, scale + rg * nb, lut, nr, row_bytes, nb, b0, cb, base, shifts, abuf);
                 pf.next_chunk = b0 + CHUNK < nb ? data + rg * row_bytes + (b0 + CHUNK) * 16 : NULL;
                 pf.row = 0, pf.rows = nr;
                 for (int s = 0; s < sh.sets; s++) {
@@ -416,7 +410,6 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
     }
     _tile_release();
     free(cacc);
-    free(off);
     free(abuf);
 }
 
