@@ -289,6 +289,11 @@ static void dequant_group(const uint8_t *d, const uint8_t *sc, const int32_t *lu
         }                                                                                          \
     } while (0)
 
+/* parts * 256 bytes from p into L1 */
+AI void prefetch_b(const int parts, const char *p) {
+    for (int i = 0; i < parts * 256; i += 64) _mm_prefetch(p + i, _MM_HINT_T0);
+}
+
 /* C (tiles 0-3, four row tiles) += A (abuf, blocks [0, cb)) · B (bt: the set's tiles of those blocks), with
  * prefetches between the row tiles. */
 AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int cb, amx_prefetch *pf) {
@@ -300,13 +305,18 @@ AI void chunk_tdp(const int parts, const uint32_t *bt, const uint16_t *abuf, int
             _tile_loadd(6, bb + 512, 64);
         }
         const uint16_t *a = abuf + 32 * b;
+        const char *bn = (const char *)(bb + parts * 256);   /* the next block's B tiles, a quarter at a time */
         prefetch_some(pf);
+        prefetch_b(parts, bn);
         TDP_ROWTILE(0, parts);
         prefetch_some(pf);
+        prefetch_b(parts, bn + parts * 256);
         TDP_ROWTILE(1, parts);
         prefetch_some(pf);
+        prefetch_b(parts, bn + parts * 512);
         TDP_ROWTILE(2, parts);
         prefetch_some(pf);
+        prefetch_b(parts, bn + parts * 768);
         TDP_ROWTILE(3, parts);
     }
 }
