@@ -44,6 +44,12 @@ static inline float kern_weight_at(int dt, const kern_wrow *w, int64_t c) {
     }
 }
 
+/* Where to prefetch byte o of a row of row_bytes in a tile of nw rows: o itself, or past the row's end the same
+ * row of the next tile (nw rows on; rows are contiguous), whose start would otherwise arrive unprefetched. */
+static inline int64_t kern_ahead_offset(int64_t o, int64_t row_bytes, int nw) {
+    return o < row_bytes ? o : o + (int64_t)(nw - 1) * row_bytes;
+}
+
 /* The tile for weight dtype DT as a kern_tiles_fn: nw is NW (the full width) or 1, na 1..4, each a
  * constant in its own inlined copy of tile(). */
 #define KERN_TILES_NA(DT, NW)                                   \

@@ -82,9 +82,11 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m256 wv[2][2];
-        if (ahead && c % every == 0)
+        if (ahead && c % every == 0) {
+            const int64_t o = kern_ahead_offset(c * wsize + ahead, cols * wsize, nw);
 #pragma GCC unroll 2
-            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + c * wsize + ahead, _MM_HINT_T0);
+            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + o, _MM_HINT_T0);
+        }
 #pragma GCC unroll 2
         for (int j = 0; j < nw; j++) load16(dt, &w[j], c, &wv[j][0], &wv[j][1]);
 #pragma GCC unroll 4

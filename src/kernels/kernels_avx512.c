@@ -223,9 +223,11 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         __m512 wv[4][2];
-        if (ahead && (dt != DF_DT_I8 || (c & 32)))
+        if (ahead && (dt != DF_DT_I8 || (c & 32))) {
+            const int64_t o = kern_ahead_offset(c * (dt == DF_DT_I8 ? 1 : 2) + ahead, cols * (dt == DF_DT_I8 ? 1 : 2), nw);
 #pragma GCC unroll 4
-            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + c * (dt == DF_DT_I8 ? 1 : 2) + ahead, _MM_HINT_T0);
+            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + o, _MM_HINT_T0);
+        }
         if (pf)
             for (int64_t o = 0; o < pf_step; o += 64) _mm_prefetch((const char *)pf + (c / 32) * pf_step + o, _MM_HINT_T0);
 #pragma GCC unroll 4
