@@ -87,26 +87,16 @@ static uint64_t case_bytes(const bench_case *c) {
 }
 
 typedef struct {
-    double weight_gbps, mem_gbps, ratio, sec_per_call;   /* medians over the rounds */
+    double weight_gbps, mem_gbps, ratio, sec_per_call;   /* of the round with the median ratio */
     int calls, copies;
 } case_result;
-
-static int cmp_double(const void *a, const void *b) {
-    double x = *(const double *)a, y = *(const double *)b;
-    return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-    qsort(v, n, sizeof *v, cmp_double);
-    return n % 2 ? v[n / 2] : (v[n / 2 - 1] + v[n / 2]) / 2;
-}
 
 enum { BENCH_ROUNDS_MAX = 15 };
 
 /* Copies of the matrix laid end to end through buf (data then scales), cycled through call after call, in
  * rounds: each round first measures the memory read bandwidth (one pass over buf) and then times the kernel
  * for min_s / rounds, so that each ratio compares the two under the same conditions on a shared machine,
- * whose bandwidth drifts by tens of percent from second to second. The medians over the rounds are kept. */
+ * whose bandwidth drifts by tens of percent from second to second. The round with the median ratio is kept. */
 static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf, size_t buf_bytes, int batch,
                                   double min_s, int rounds) {
     uint64_t wb = case_bytes(c);
@@ -129,9 +119,9 @@ static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf
     for (int64_t i = 0; i < batch * c->cols; i++) x[i] = (float)((i * 2654435761u) % 1000) / 1000.0f - 0.5f;
     kern_matmul(kc, &v[copies - 1], x, batch, y);   /* warm the pool and the code */
     case_result r = {0, 0, 0, 0, 0, copies};
-    double gbps[BENCH_ROUNDS_MAX], mem[BENCH_ROUNDS_MAX], ratio[BENCH_ROUNDS_MAX], spc[BENCH_ROUNDS_MAX];
+    case_result round[BENCH_ROUNDS_MAX];
     for (int k = 0; k < rounds; k++) {
-        mem[k] = bench_mem_gbps(kc, buf, buf_bytes, 1);
+        double mem = bench_mem_gbps(kc, buf, buf_bytes, 1);
         int calls = 0;
         double t0 = df_now(), t;
         do {
@@ -139,14 +129,20 @@ static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf
             r.calls++, calls++;
             t = df_now() - t0;
         } while (t < min_s / rounds);
-        spc[k] = t / calls;
-        gbps[k] = (double)wb / spc[k] / 1e9;
-        ratio[k] = gbps[k] / mem[k];
+        round[k].sec_per_call = t / calls;
+        round[k].weight_gbps = (double)wb / round[k].sec_per_call / 1e9;
+        round[k].mem_gbps = mem;
+        round[k].ratio = round[k].weight_gbps / mem;
     }
-    r.weight_gbps = median(gbps, rounds);
-    r.mem_gbps = median(mem, rounds);
-    r.ratio = median(ratio, rounds);
-    r.sec_per_call = median(spc, rounds);
+    for (int k = 1; k < rounds; k++)   /* insertion sort by ratio; the middle round is reported */
+        for (int j = k; j > 0 && round[j].ratio < round[j - 1].ratio; j--) {
+            case_result t = round[j];
+            round[j] = round[j - 1], round[j - 1] = t;
+        }
+    r.weight_gbps = round[rounds / 2].weight_gbps;
+    r.mem_gbps = round[rounds / 2].mem_gbps;
+    r.ratio = round[rounds / 2].ratio;
+    r.sec_per_call = round[rounds / 2].sec_per_call;
     free(x), free(y), free(v);
     return r;
 }
@@ -198,7 +194,7 @@ static int bench_kernels(int argc, char **argv) {
     int rounds = o.quick ? 1 : 5;
     if (!o.json)
         printf("kernels: isa %s, %d threads, working set %.2f GiB, memory read bandwidth %.2f GB/s at start;\n"
-               "each case: medians of %d rounds of (memory read pass, kernel timing), ratio per round\n"
+               "each case: the median of %d rounds of (memory read pass, kernel timing) by ratio\n"
                "%-8s %-6s %-10s %6s %6s %5s %9s %8s %8s %7s %10s\n",
                kc.k->isa, kc.n_threads, bytes / 1073741824.0, mem, rounds, "shape", "dtype", "kernel", "rows", "cols",
                "batch", "weight_GB/s", "mem_GB/s", "ratio", "ms/call", "rows*GB/s");
