@@ -213,13 +213,13 @@ static const uint16_t e2m1_bf16[32] = {
  * of each word are read: vpsrlvd is one uop where vpsrlvw is two) */
 static const uint32_t lane_shifts[16] = {0, 0, 0, 0, 4, 4, 4, 4, 8, 8, 8, 8, 12, 12, 12, 12};
 
-/* Blocks [0, cb) of one row (d: its packed bytes, off: its scale offsets) as bf16 into dst.
+/* Blocks [0, cb) of one row (d: its packed bytes, sc: its E8M0 scales, lut: scale_lut) as bf16 into dst.
  * The 16 bytes are broadcast to the four 128-bit lanes and lane L shifted right by 4L bits, so that the low
  * four bits of word w of lane L are the nibble of column 4w + L; vpermw looks them up in the block's table:
  * the E2M1 bf16 values with (s-127) << 7 added to the nonzero ones, which multiplies them by 2^(s-127) and,
  * for S_MIN <= s <= S_MAX, keeps them normal bf16. */
-AI void dequant_blocks(const int cb, const uint8_t *d, const uint8_t *sc, const int32_t *lut, __m512i base, __m512i shifts,
-                       uint16_t *dst) {
+AI void dequant_blocks(const int cb, const uint8_t *d, const uint8_t *sc, const int32_t *lut, __m512i base,
+                       __m512i shifts, uint16_t *dst) {
 #pragma GCC unroll 4
     for (int b = 0; b < cb; b++) {
         __m512i raw = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)(d + 16 * b)));
@@ -268,9 +268,9 @@ AI void prefetch_some(amx_prefetch *pf) {
         _mm_prefetch((const char *)pf->next_sg + pf->at, _MM_HINT_T1);
 }
 
-/* One group's rows [0, nr) (row 0 at d, offsets at off, nb per row), blocks [b0, b0+cb), into abuf. */
-static void dequant_group(const uint8_t *d, const uint8_t *sc, const int32_t *lut, int nr, int64_t row_bytes, int64_t nb, int64_t b0,
-                          int cb, __m512i base, __m512i shifts, uint16_t *abuf) {
+/* One group's rows [0, nr) (row 0 at d, its scales at sc, nb per row), blocks [b0, b0+cb), into abuf. */
+static void dequant_group(const uint8_t *d, const uint8_t *sc, const int32_t *lut, int nr, int64_t row_bytes,
+                          int64_t nb, int64_t b0, int cb, __m512i base, __m512i shifts, uint16_t *abuf) {
     for (int m = 0; m < nr; m++) {
         const uint8_t *dm = d + m * row_bytes + b0 * 16;
         const uint8_t *o = sc + m * nb + b0;
@@ -382,7 +382,8 @@ static void matmul_rows_amx(const df_tensor *t, int64_t r0, int64_t r1, const fl
             for (int g = 0; g < ng; g++) {
                 int64_t rg = rs + g * RG;
                 int nr = (int)DF_MIN(RG, r1 - rg);
-                dequant_group(data + rg * row_bytes, scale + rg * nb, lut, nr, row_bytes, nb, b0, cb, base, shifts, abuf);
+                dequant_group(data + rg * row_bytes, scale + rg * nb, lut, nr, row_bytes, nb, b0, cb, base, shifts,
+                              abuf);
                 pf.next_chunk = b0 + CHUNK < nb ? data + rg * row_bytes + (b0 + CHUNK) * 16 : NULL;
                 pf.row = 0, pf.rows = nr;
                 for (int s = 0; s < sh.sets; s++) {

@@ -224,7 +224,7 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     for (; c + 32 <= cols; c += 32) {
         __m512 wv[4][2];
         if (ahead && (dt != DF_DT_I8 || (c & 32))) {
-            const int64_t o = kern_ahead_offset(c * (dt == DF_DT_I8 ? 1 : 2) + ahead, cols * (dt == DF_DT_I8 ? 1 : 2), nw);
+            const int64_t size = dt == DF_DT_I8 ? 1 : 2, o = kern_ahead_offset(c * size + ahead, cols * size, nw);
 #pragma GCC unroll 4
             for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + o, _MM_HINT_T0);
         }
