@@ -44,10 +44,20 @@ static inline float kern_weight_at(int dt, const kern_wrow *w, int64_t c) {
     }
 }
 
-/* Where to prefetch byte o of a row of row_bytes in a tile of nw rows: o itself, or past the row's end the same
- * row of the next tile (nw rows on; rows are contiguous), whose start would otherwise arrive unprefetched. */
-static inline int64_t kern_ahead_offset(int64_t o, int64_t row_bytes, int nw) {
-    return o < row_bytes ? o : o + (int64_t)(nw - 1) * row_bytes;
+/* How far ahead of the tile's reading point each row's own line is prefetched, in bytes, for dtypes whose rows
+ * are long (I8 and 16-bit: 7 KB and more); 0: none (F32 here; MXFP4 prefetches the next tile instead).
+ * Measured on AVX-512: I8 at 768 bytes and BF16 at 2048 beat next-tile prefetching and the other distances
+ * tried (docs/PERFORMANCE.md, Kernels). */
+static inline int64_t kern_ahead_bytes(int dt) {
+    return dt == DF_DT_I8 ? 768 : dt == DF_DT_BF16 || dt == DF_DT_F16 ? 2048 : 0;
+}
+
+/* Prefetches byte `at` of each of the tile's nw rows (row_bytes long) into L1, or, past a row's end, the same
+ * row of the next tile (nw rows on; rows are contiguous), whose start would otherwise arrive unprefetched.
+ * Callers issue one per 64 bytes of row they read. */
+static inline void kern_prefetch_ahead(const kern_wrow *w, int nw, int64_t at, int64_t row_bytes) {
+    const int64_t o = at < row_bytes ? at : at + (int64_t)(nw - 1) * row_bytes;
+    for (int j = 0; j < nw; j++) __builtin_prefetch(w[j].d + o, 0, 3);
 }
 
 /* The tile for weight dtype DT as a kern_tiles_fn: nw is NW (the full width) or 1, na 1..4, each a

@@ -71,9 +71,7 @@ AI float hsum(__m256 v) {
 AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const float *const *x, int64_t cols,
              const uint8_t *pf, float *out) {
     (void)pf;   /* the next tile is not prefetched on this path */
-    /* each row's own line ahead, one per 64 bytes, as on AVX-512 (kernels_avx512.c) */
-    const int64_t ahead = dt == DF_DT_I8 ? 768 : dt == DF_DT_BF16 || dt == DF_DT_F16 ? 2048 : 0;
-    const int64_t wsize = dt == DF_DT_I8 ? 1 : 2, every = dt == DF_DT_I8 ? 64 : 32;
+    const int64_t ahead = kern_ahead_bytes(dt), wsize = dt == DF_DT_I8 ? 1 : 2, every = 64 / wsize;
     __m256 acc[2][4];
 #pragma GCC unroll 2
     for (int j = 0; j < nw; j++)
@@ -82,11 +80,7 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     int64_t c = 0;
     for (; c + 16 <= cols; c += 16) {
         __m256 wv[2][2];
-        if (ahead && c % every == 0) {
-            const int64_t o = kern_ahead_offset(c * wsize + ahead, cols * wsize, nw);
-#pragma GCC unroll 2
-            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + o, _MM_HINT_T0);
-        }
+        if (ahead && c % every == 0) kern_prefetch_ahead(w, nw, c * wsize + ahead, cols * wsize);
 #pragma GCC unroll 2
         for (int j = 0; j < nw; j++) load16(dt, &w[j], c, &wv[j][0], &wv[j][1]);
 #pragma GCC unroll 4

@@ -211,10 +211,7 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     /* pf: the next tile's weights (contiguous after this tile's rows) or NULL, prefetched a little per block so
      * the stream keeps flowing while this tile computes; pf_step is their size per 32-column block */
     const int64_t pf_step = nw * (dt == DF_DT_F32 ? 128 : dt == DF_DT_I8 ? 32 : 64);
-    /* I8 and 16-bit rows are long (7 KB and more): each row's own line ahead is prefetched instead, one per 64
-     * bytes (measured: I8 at 768 bytes ahead 69-79% -> 78-90% of the read bandwidth, BF16 at 2048 85-94% ->
-     * 96-103%; next-tile prefetching was slower for both) */
-    const int64_t ahead = dt == DF_DT_I8 ? 768 : dt == DF_DT_BF16 || dt == DF_DT_F16 ? 2048 : 0;
+    const int64_t ahead = kern_ahead_bytes(dt), size = dt == DF_DT_I8 ? 1 : 2;
     __m512 acc[4][4];
 #pragma GCC unroll 4
     for (int j = 0; j < nw; j++)
@@ -223,11 +220,7 @@ AI void tile(const int dt, const int nw, const int na, const kern_wrow *w, const
     int64_t c = 0;
     for (; c + 32 <= cols; c += 32) {
         __m512 wv[4][2];
-        if (ahead && (dt != DF_DT_I8 || (c & 32))) {
-            const int64_t size = dt == DF_DT_I8 ? 1 : 2, o = kern_ahead_offset(c * size + ahead, cols * size, nw);
-#pragma GCC unroll 4
-            for (int j = 0; j < nw; j++) _mm_prefetch((const char *)w[j].d + o, _MM_HINT_T0);
-        }
+        if (ahead && (dt != DF_DT_I8 || (c & 32))) kern_prefetch_ahead(w, nw, c * size + ahead, cols * size);
         if (pf)
             for (int64_t o = 0; o < pf_step; o += 64) _mm_prefetch((const char *)pf + (c / 32) * pf_step + o, _MM_HINT_T0);
 #pragma GCC unroll 4
