@@ -249,6 +249,27 @@ static int fetch_wanted(const fetch_job *j, const fetch_hole *h) {
     return h->layer >= 0 && h->layer < FETCH_MAX_LAYERS && j->o.layers[h->layer];
 }
 
+/* Adds the shard files named by an index's weight_map (root, read from src) to j->sh, each once; a name that
+ * would leave the model folder is refused. */
+static int fetch_add_shards(fetch_job *j, json_t *root, const char *src, df_error *err) {
+    json_t *wm = json_object_get(root, "weight_map");
+    if (!json_is_object(wm)) return (df_error_set(err, DF_EFORMAT, "%s: no weight_map", src), DF_EFORMAT);
+    const char *k;
+    json_t *v;
+    json_object_foreach(wm, k, v) {
+        const char *n = json_string_value(v);
+        int seen = 0;
+        for (int s = 0; s < j->n_sh && !seen; s++) seen = !strcmp(j->sh[s].name, n);
+        if (!n || seen) continue;
+        if (n[0] == '/' || strstr(n, ".."))
+            return (df_error_set(err, DF_EFORMAT, "%s: shard name '%s' leaves the folder", src, n), DF_EFORMAT);
+        j->sh = xrealloc(j->sh, sizeof *j->sh * (size_t)(j->n_sh + 1));
+        memset(&j->sh[j->n_sh], 0, sizeof *j->sh);
+        j->sh[j->n_sh++].name = xstrdup(n);
+    }
+    return DF_OK;
+}
+
 static int fetch_meta(fetch_job *j, df_error *err) {
     for (size_t i = 0; i < sizeof fetch_meta_files / sizeof fetch_meta_files[0]; i++) {
         const char *f = fetch_meta_files[i];
@@ -272,19 +293,7 @@ static int fetch_meta(fetch_job *j, df_error *err) {
                     json_t *root = json_loadb(data, len, 0, NULL);
                     free(data);
                     data = NULL;
-                    json_t *idx = json_object_get(root, "weight_map");
-                    const char *k;
-                    json_t *v;
-                    json_object_foreach(idx, k, v) {
-                        const char *n = json_string_value(v);
-                        int seen = 0;
-                        for (int s = 0; s < j->n_sh && !seen; s++) seen = !strcmp(j->sh[s].name, n);
-                        if (n && !seen) {
-                            j->sh = xrealloc(j->sh, sizeof *j->sh * (size_t)(j->n_sh + 1));
-                            memset(&j->sh[j->n_sh], 0, sizeof *j->sh);
-                            j->sh[j->n_sh++].name = xstrdup(n);
-                        }
-                    }
+                    rc = fetch_add_shards(j, root, f, err);
                     json_decref(root);
                 }
             }
@@ -306,26 +315,7 @@ static int fetch_shard_names(fetch_job *j, df_error *err) {
     if (!j->n_sh && access(ipath, F_OK) == 0) {
         json_error_t je;
         json_t *root = json_load_file(ipath, 0, &je);
-        json_t *wm = json_object_get(root, "weight_map");
-        if (!json_is_object(wm)) {
-            rc = (df_error_set(err, DF_EFORMAT, "%s: no weight_map", ipath), DF_EFORMAT);
-        } else {
-            const char *k;
-            json_t *v;
-            json_object_foreach(wm, k, v) {
-                const char *n = json_string_value(v);
-                int seen = 0;
-                for (int s = 0; s < j->n_sh && !seen; s++) seen = !strcmp(j->sh[s].name, n);
-                if (!n || seen) continue;
-                if (n[0] == '/' || strstr(n, "..")) {
-                    rc = (df_error_set(err, DF_EFORMAT, "%s: shard name '%s' leaves the folder", ipath, n), DF_EFORMAT);
-                    break;
-                }
-                j->sh = xrealloc(j->sh, sizeof *j->sh * (size_t)(j->n_sh + 1));
-                memset(&j->sh[j->n_sh], 0, sizeof *j->sh);
-                j->sh[j->n_sh++].name = xstrdup(n);
-            }
-        }
+        rc = fetch_add_shards(j, root, ipath, err);
         json_decref(root);
     } else if (!j->n_sh) {
         j->sh = xcalloc(1, sizeof *j->sh);
