@@ -77,13 +77,16 @@ static double bench_mem_gbps(df_kern *kc, const uint8_t *buf, size_t bytes, int 
     return best;
 }
 
+/* The case's weight matrix, without data. */
+static df_tensor case_tensor(const bench_case *c) {
+    return (df_tensor){.name = "bench.weight", .dtype = c->dtype, .ndim = 2, .shape = {c->rows, c->cols}};
+}
+
+/* Bytes of one copy: the data, then the scales (MXFP4: E8M0 per 32 weights; I8: fp16 per row). */
 static uint64_t case_bytes(const bench_case *c) {
-    uint64_t n = (uint64_t)c->rows * c->cols;
-    switch (c->dtype) {
-    case DF_DT_MXFP4: return n / 2 + n / 32;
-    case DF_DT_I8: return n + (uint64_t)c->rows * 2;
-    default: return n * 2;
-    }
+    df_tensor t = case_tensor(c);
+    uint64_t n = (uint64_t)c->rows * c->cols, data = tensor_data_bytes(&t);
+    return data + (c->dtype == DF_DT_MXFP4 ? n / 32 : c->dtype == DF_DT_I8 ? (uint64_t)c->rows * 2 : 0);
 }
 
 typedef struct {
@@ -102,13 +105,13 @@ static case_result bench_case_run(df_kern *kc, const bench_case *c, uint8_t *buf
     uint64_t wb = case_bytes(c);
     int copies = (int)DF_MAX(1, DF_MIN(buf_bytes / wb, 4096));
     df_tensor *v = xcalloc(copies, sizeof *v);
-    uint64_t data_bytes = c->dtype == DF_DT_MXFP4 ? (uint64_t)c->rows * c->cols / 2
-                          : c->dtype == DF_DT_I8  ? (uint64_t)c->rows * c->cols
-                                                  : (uint64_t)c->rows * c->cols * 2;
+    const df_tensor shape = case_tensor(c);
+    uint64_t data_bytes = tensor_data_bytes(&shape);
     for (int i = 0; i < copies; i++) {
         uint8_t *base = buf + (uint64_t)i * wb;
-        v[i] = (df_tensor){.name = "bench.weight", .dtype = c->dtype, .ndim = 2, .shape = {c->rows, c->cols},
-                           .data = base, .scale = wb > data_bytes ? base + data_bytes : NULL};
+        v[i] = shape;
+        v[i].data = base;
+        v[i].scale = wb > data_bytes ? base + data_bytes : NULL;
         if (c->dtype == DF_DT_MXFP4)   /* scales 2^-9..2^-1: ordinary weights */
             for (uint64_t s = 0; s < wb - data_bytes; s++) base[data_bytes + s] = (uint8_t)(118 + s % 9);
         if (c->dtype == DF_DT_I8)

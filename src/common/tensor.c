@@ -18,9 +18,8 @@ int64_t tensor_numel(const df_tensor *t) {
     return n;
 }
 
-uint64_t tensor_data_bytes(const df_tensor *t) {
-    uint64_t n = (uint64_t)tensor_numel(t);
-    switch (t->dtype) {
+static uint64_t dtype_bytes(df_dtype dt, uint64_t n) {
+    switch (dt) {
     case DF_DT_F32: case DF_DT_I32: return n * 4;
     case DF_DT_F16: case DF_DT_BF16: return n * 2;
     case DF_DT_MXFP4: return n / 2;
@@ -28,6 +27,15 @@ uint64_t tensor_data_bytes(const df_tensor *t) {
     case DF_DT_I64: return n * 8;
     default: return 0;
     }
+}
+
+uint64_t tensor_data_bytes(const df_tensor *t) {
+    return dtype_bytes(t->dtype, (uint64_t)tensor_numel(t));
+}
+
+uint64_t tensor_row_bytes(const df_tensor *t) {
+    DF_ASSERT(t->ndim == 2);
+    return dtype_bytes(t->dtype, (uint64_t)t->shape[1]);
 }
 
 df_tensor tensor_rows(const df_tensor *t, int64_t r0, int64_t n) {

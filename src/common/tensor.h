@@ -35,6 +35,8 @@ const char *tensor_dtype_name(df_dtype dt);
 int64_t tensor_numel(const df_tensor *t);
 /* Bytes of data (not counting scale). */
 uint64_t tensor_data_bytes(const df_tensor *t);
+/* Bytes of one row of a matrix's data. */
+uint64_t tensor_row_bytes(const df_tensor *t);
 /* Rows [r0, r0+n) of a matrix as a view of the same bytes. */
 df_tensor tensor_rows(const df_tensor *t, int64_t r0, int64_t n);
 /* Converts row r of a matrix (or element range of a vector when ndim == 1, r = 0) to fp32. */

@@ -122,10 +122,7 @@ void kern_matmul_tiles(const kern_tiles *ts, const df_tensor *t, int64_t r0, int
     const uint8_t *data = t->data, *scale = t->scale;
     kern_tiles_fn tiles = (unsigned)t->dtype < DF_DT_COUNT ? ts->fn[t->dtype] : NULL;
     if (!tiles) kern_die_dtype(ts->isa, t);
-    int64_t row_bytes = t->dtype == DF_DT_MXFP4 ? cols / 2
-                        : t->dtype == DF_DT_F32 ? cols * 4
-                        : t->dtype == DF_DT_I8  ? cols
-                                                : cols * 2;
+    int64_t row_bytes = (int64_t)tensor_row_bytes(t);
     const int full = ts->nw, pf_on = !!(ts->prefetch_dtypes & (1u << t->dtype));
     /* Weight rows in groups small enough to stay in L2 while every group of 4 activation rows passes. */
     int64_t group = row_bytes > 0 ? ((256 << 10) / row_bytes) / full * full : 0;
