@@ -249,25 +249,36 @@ static int fetch_wanted(const fetch_job *j, const fetch_hole *h) {
     return h->layer >= 0 && h->layer < FETCH_MAX_LAYERS && j->o.layers[h->layer];
 }
 
-/* Adds the shard files named by an index's weight_map (root, read from src) to j->sh, each once; a name that
- * would leave the model folder is refused. */
-static int fetch_add_shards(fetch_job *j, json_t *root, const char *src, df_error *err) {
+/* Appends to names (n of them) the shard files named by an index's weight_map (root, read from src) that it
+ * does not hold yet; a name that would leave the model folder is refused. */
+static int index_shard_names(json_t *root, const char *src, char ***names, int *n, df_error *err) {
     json_t *wm = json_object_get(root, "weight_map");
     if (!json_is_object(wm)) return (df_error_set(err, DF_EFORMAT, "%s: no weight_map", src), DF_EFORMAT);
     const char *k;
     json_t *v;
     json_object_foreach(wm, k, v) {
-        const char *n = json_string_value(v);
+        const char *name = json_string_value(v);
         int seen = 0;
-        for (int s = 0; s < j->n_sh && !seen; s++) seen = !strcmp(j->sh[s].name, n);
-        if (!n || seen) continue;
-        if (n[0] == '/' || strstr(n, ".."))
-            return (df_error_set(err, DF_EFORMAT, "%s: shard name '%s' leaves the folder", src, n), DF_EFORMAT);
-        j->sh = xrealloc(j->sh, sizeof *j->sh * (size_t)(j->n_sh + 1));
-        memset(&j->sh[j->n_sh], 0, sizeof *j->sh);
-        j->sh[j->n_sh++].name = xstrdup(n);
+        for (int i = 0; i < *n && !seen; i++) seen = !strcmp((*names)[i], name);
+        if (!name || seen) continue;
+        if (name[0] == '/' || strstr(name, ".."))
+            return (df_error_set(err, DF_EFORMAT, "%s: shard name '%s' leaves the folder", src, name), DF_EFORMAT);
+        *names = xrealloc(*names, sizeof **names * (size_t)(*n + 1));
+        (*names)[(*n)++] = xstrdup(name);
     }
     return DF_OK;
+}
+
+/* Adds the shard files named by an index (see index_shard_names) to j->sh, which holds none yet. */
+static int fetch_add_shards(fetch_job *j, json_t *root, const char *src, df_error *err) {
+    char **names = NULL;
+    int n = 0, rc = index_shard_names(root, src, &names, &n, err);
+    DF_ASSERT(!j->sh && !j->n_sh);
+    j->sh = xcalloc((size_t)n + 1, sizeof *j->sh);
+    for (int i = 0; i < n; i++) j->sh[i].name = names[i];
+    j->n_sh = n;
+    free(names);
+    return rc;
 }
 
 static int fetch_meta(fetch_job *j, df_error *err) {
@@ -720,16 +731,7 @@ int fetch_list_experts(remote *r, fetch_span_list *out, df_error *err) {
         out->files[out->n_files++] = xstrdup("model.safetensors");
     } else {
         json_t *root = json_loadb(data, len, 0, NULL);
-        const char *k;
-        json_t *v;
-        json_object_foreach(json_object_get(root, "weight_map"), k, v) {
-            const char *n = json_string_value(v);
-            int seen = 0;
-            for (int i = 0; i < out->n_files && !seen; i++) seen = !strcmp(out->files[i], n);
-            if (!n || seen) continue;
-            out->files = xrealloc(out->files, sizeof *out->files * (size_t)(out->n_files + 1));
-            out->files[out->n_files++] = xstrdup(n);
-        }
+        rc = index_shard_names(root, "model.safetensors.index.json", &out->files, &out->n_files, err);
         json_decref(root);
         free(data);
     }
