@@ -90,6 +90,30 @@ void df_session_reset(df_session *s);
 typedef int (*df_step_fn)(void *ctx, int layer, int n_layers);
 void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx);
 
+/* The session owns the tokens it has consumed: *n gets their count (= df_session_pos). Valid until the next
+ * call that changes the session. */
+const int32_t *df_session_tokens(const df_session *s, int64_t *n);
+/* Brings the session to hold exactly ids[0..n) (n > 0): keeps the longest prefix it already holds as far as
+ * its state can go back (to the start of its last evaluation; otherwise it restarts), evaluates the rest
+ * (in chunks that fit the memory budget) and writes the logits after ids[n-1] into logits [vocab] (NULL
+ * skips). *reused (may be NULL) gets how many leading tokens were not evaluated again. */
+int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err);
+/* Returns the session to position pos, which lies between the start of its last evaluation and now, as if
+ * the tokens after pos had never been evaluated (speculation rollback). */
+int df_session_truncate(df_session *s, int64_t pos, df_error *err);
+
+/* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
+ * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.
+ * A session appears at most once per batch. logits: [n, vocab] when all_rows, else [vocab] (may be NULL).
+ * On failure every session of the batch is left as it was before df_batch_eval or reset (see its status). */
+typedef struct df_batch df_batch;
+int df_batch_init(df_batch **out, df_engine *eng, df_error *err);
+void df_batch_free(df_batch *b);
+void df_batch_clear(df_batch *b);
+int df_batch_add(df_batch *b, df_session *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                 df_error *err);
+int df_batch_eval(df_batch *b, df_error *err);
+
 typedef struct df_stats {
     uint64_t tokens_evaluated;
     uint64_t expert_hits, expert_misses;   /* expert cache */

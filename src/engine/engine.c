@@ -20,7 +20,15 @@ struct df_engine {
 struct df_session {
     df_engine *eng;
     df_state *state;
+    int32_t *hist;             /* the tokens the state has consumed, [pos] */
+    int64_t hist_cap;
+    int64_t last_start;        /* position where the last evaluation began */
+    float *last_logits;        /* [vocab]: logits after the last token, when last_valid */
+    int last_valid;
 };
+
+/* Prompts are evaluated in chunks of at most this many tokens, bounding activation memory. */
+#define SESSION_SYNC_CHUNK 256
 
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -136,13 +144,100 @@ int df_session_init(df_session **out, df_engine *eng, df_error *err) {
 void df_session_free(df_session *s) {
     if (!s) return;
     state_free(s->state);
+    free(s->hist);
+    free(s->last_logits);
     free(s);
 }
 
+static void session_forget(df_session *s) {
+    state_reset(&s->eng->model, s->state);
+    s->last_start = 0;
+    s->last_valid = 0;
+}
+
+static void session_record(df_session *s, int64_t pos0, const int32_t *tokens, int n, const float *logits,
+                           int all_rows) {
+    if (pos0 + n > s->hist_cap) {
+        s->hist_cap = (pos0 + n) * 2;
+        s->hist = xrealloc(s->hist, (size_t)s->hist_cap * sizeof(int32_t));
+    }
+    memcpy(s->hist + pos0, tokens, (size_t)n * sizeof(int32_t));
+    s->last_start = pos0;
+    int vocab = s->eng->info.vocab_size;
+    s->last_valid = logits != NULL;
+    if (logits) {
+        if (!s->last_logits) s->last_logits = xmalloc((size_t)vocab * sizeof(float));
+        memcpy(s->last_logits, logits + (all_rows ? (int64_t)(n - 1) * vocab : 0), (size_t)vocab * sizeof(float));
+    }
+}
+
 int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err) {
+    int64_t pos0 = s->state->pos;
     int rc = model_forward(&s->eng->model, s->state, tokens, n, logits, all_rows, err);
-    if (rc && rc != DF_EINVAL) state_reset(&s->eng->model, s->state);
-    if (!rc) s->eng->tokens_evaluated += (uint64_t)n;
+    if (rc && rc != DF_EINVAL) session_forget(s);
+    if (!rc) {
+        s->eng->tokens_evaluated += (uint64_t)n;
+        session_record(s, pos0, tokens, n, logits, all_rows);
+    }
+    return rc;
+}
+
+const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
+    *n = s->state->pos;
+    return s->hist;
+}
+
+/* Evaluates ids[0..n) on top of the current state in bounded chunks; the last chunk's logits go to logits. */
+static int session_feed(df_session *s, const int32_t *ids, int64_t n, float *logits, df_error *err) {
+    int rc = DF_OK;
+    for (int64_t at = 0; !rc && at < n; at += SESSION_SYNC_CHUNK) {
+        int c = n - at < SESSION_SYNC_CHUNK ? (int)(n - at) : SESSION_SYNC_CHUNK;
+        rc = df_session_eval(s, ids + at, c, at + c == n ? logits : NULL, 0, err);
+    }
+    return rc;
+}
+
+int df_session_truncate(df_session *s, int64_t pos, df_error *err) {
+    int64_t cur = s->state->pos;
+    if (pos == cur) return DF_OK;
+    if (pos < s->last_start || pos > cur) {
+        df_error_set(err, DF_EINVAL, "cannot return to position %lld: the session can go back to %lld..%lld",
+                     (long long)pos, (long long)s->last_start, (long long)cur);
+        return DF_EINVAL;
+    }
+    /* Rebuilt from the history: exact, though it reads the weights again. */
+    int32_t *keep = xmalloc((size_t)(pos ? pos : 1) * sizeof(int32_t));
+    memcpy(keep, s->hist, (size_t)pos * sizeof(int32_t));
+    session_forget(s);
+    int rc = session_feed(s, keep, pos, NULL, err);
+    free(keep);
+    return rc;
+}
+
+int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err) {
+    if (reused) *reused = 0;
+    if (n <= 0) {
+        df_error_set(err, DF_EINVAL, "no tokens to evaluate");
+        return DF_EINVAL;
+    }
+    int64_t have = s->state->pos, p = 0;
+    while (p < have && p < n && s->hist[p] == ids[p]) p++;
+    if (p == n && have == n && s->last_valid) {
+        if (logits) memcpy(logits, s->last_logits, (size_t)s->eng->info.vocab_size * sizeof(float));
+        if (reused) *reused = n;
+        return DF_OK;
+    }
+    if (p == n) p = n - 1;                 /* the last token is evaluated again for its logits */
+    int rc = DF_OK;
+    if (p < have) {
+        if (p >= s->last_start) rc = df_session_truncate(s, p, err);
+        else {
+            session_forget(s);
+            p = 0;
+        }
+    }
+    if (!rc) rc = session_feed(s, ids + p, n - p, logits, err);
+    if (!rc && reused) *reused = p;
     return rc;
 }
 
@@ -154,10 +249,78 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
         return DF_EINVAL;
     }
     state_copy(&src->eng->model, dst->state, src->state);
+    int64_t n = src->state->pos;
+    dst->hist_cap = n ? n : 1;
+    dst->hist = xrealloc(dst->hist, (size_t)dst->hist_cap * sizeof(int32_t));
+    memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
+    dst->last_start = src->last_start;
+    dst->last_valid = src->last_valid;
+    if (src->last_valid) {
+        size_t bytes = (size_t)src->eng->info.vocab_size * sizeof(float);
+        if (!dst->last_logits) dst->last_logits = xmalloc(bytes);
+        memcpy(dst->last_logits, src->last_logits, bytes);
+    }
     return DF_OK;
 }
 
-void df_session_reset(df_session *s) { state_reset(&s->eng->model, s->state); }
+void df_session_reset(df_session *s) { session_forget(s); }
+
+/* ---- batches: each entry evaluated in turn (correct; the shared single pass comes later) ---------- */
+
+typedef struct {
+    df_session *s;
+    const int32_t *tokens;
+    int n, all_rows;
+    float *logits;
+} batch_entry;
+
+struct df_batch {
+    df_engine *eng;
+    batch_entry *e;
+    int n, cap;
+};
+
+int df_batch_init(df_batch **out, df_engine *eng, df_error *err) {
+    (void)err;
+    df_batch *b = xcalloc(1, sizeof *b);
+    b->eng = eng;
+    *out = b;
+    return DF_OK;
+}
+
+void df_batch_free(df_batch *b) {
+    if (!b) return;
+    free(b->e);
+    free(b);
+}
+
+void df_batch_clear(df_batch *b) { b->n = 0; }
+
+int df_batch_add(df_batch *b, df_session *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                 df_error *err) {
+    if (s->eng != b->eng || n <= 0) {
+        df_error_set(err, DF_EINVAL, n <= 0 ? "no tokens to evaluate" : "session belongs to another engine");
+        return DF_EINVAL;
+    }
+    for (int i = 0; i < b->n; i++)
+        if (b->e[i].s == s) {
+            df_error_set(err, DF_EINVAL, "a session appears twice in one batch");
+            return DF_EINVAL;
+        }
+    if (b->n == b->cap) {
+        b->cap = b->cap ? 2 * b->cap : 8;
+        b->e = xrealloc(b->e, (size_t)b->cap * sizeof *b->e);
+    }
+    b->e[b->n++] = (batch_entry){s, tokens, n, all_rows, logits};
+    return DF_OK;
+}
+
+int df_batch_eval(df_batch *b, df_error *err) {
+    int rc = DF_OK;
+    for (int i = 0; !rc && i < b->n; i++)
+        rc = df_session_eval(b->e[i].s, b->e[i].tokens, b->e[i].n, b->e[i].logits, b->e[i].all_rows, err);
+    return rc;
+}
 
 void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx) {
     s->state->step = fn;
