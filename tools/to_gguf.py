@@ -12,9 +12,9 @@ nibbles, element 2i low, plus one E8M0 scale per 32 values) are repacked lossles
 (scale byte, then 16 bytes holding element j low and j+16 high). Only the standard library is used, so it
 runs where neither torch nor numpy is installed; it streams, so memory stays at about one layer's experts.
 
-A checkpoint without a tokenizer (synthetic ones) gets a byte-level vocabulary: 256 byte tokens, padding
-names for the other ids, the config's BOS/EOS ids as control tokens, and no merges, so any text is one token
-per byte in llama.cpp.
+A checkpoint without a tokenizer (synthetic ones) gets a byte-level vocabulary: 256 byte tokens, names
+"[PADi]" for the other ids, the config's BOS/EOS ids as control tokens, and no merges, so any text is one
+token per byte in llama.cpp (id = byte value) and its output spells out the ids it generated.
 
 usage: tools/to_gguf.py MODEL_DIR OUT.gguf
 """
@@ -28,7 +28,7 @@ ALIGN = 32
 GGML_F32, GGML_F16, GGML_BF16, GGML_MXFP4 = 0, 1, 30, 39
 FTYPE_MOSTLY_BF16, FTYPE_MOSTLY_MXFP4_MOE = 32, 38
 V_UINT32, V_INT32, V_FLOAT32, V_BOOL, V_STRING, V_ARRAY = 4, 5, 6, 7, 8, 9
-TOK_NORMAL, TOK_CONTROL, TOK_UNUSED = 1, 3, 5
+TOK_NORMAL, TOK_CONTROL = 1, 3
 ST_TYPES = {"F32": (GGML_F32, 4), "BF16": (GGML_BF16, 2), "F16": (GGML_F16, 2), "U8": (None, 1)}
 
 
@@ -247,9 +247,9 @@ def add_vocab(g, cfg):
         elif i in (bos, eos):
             tokens.append(f"<|special_{i}|>")
             types.append(TOK_CONTROL)
-        else:
+        else:   # printable, so llama.cpp's output names the ids it generated (checked against Deltafin's)
             tokens.append(f"[PAD{i}]")
-            types.append(TOK_UNUSED)
+            types.append(TOK_NORMAL)
     g.add("tokenizer.ggml.model", V_STRING, "gpt2")
     g.add("tokenizer.ggml.pre", V_STRING, "kimi-k2")
     g.add("tokenizer.ggml.tokens", V_ARRAY, (V_STRING, tokens))
