@@ -4,7 +4,7 @@
 # which the "no sanitizer report" check catches).
 set -u
 cd "$(dirname "$0")/../.."
-BIN=build/asan/deltafin
+BIN=${DELTAFIN_BIN:-build/asan/deltafin}
 FIX=tests/fixtures/k3-tiny
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
