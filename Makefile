@@ -26,7 +26,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/asan/tests/%)
 CHECK_LIB_OBJ := $(LIB_SRC:%.c=$(B)/check/%.o)
 CHECK_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/check/tests/%)
 
-.PHONY: all run test check deps clean tests-build clang-check
+.PHONY: all run test check deps clean tests-build clang-check install
 all: $(BIN)
 
 deps:
@@ -101,6 +101,14 @@ check:
 # The same sources must also build warning-free with clang.
 clang-check:
 	$(MAKE) --no-print-directory CC=clang B=build/clang BIN=build/clang/deltafin build/clang/deltafin
+
+# The binary in PREFIX/bin and the bundled model in PREFIX/share/deltafin/models/default, where the installed
+# binary finds it as its default model.
+PREFIX ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/deltafin/models/default
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/deltafin
+	install -m 644 models/default/* $(DESTDIR)$(PREFIX)/share/deltafin/models/default/
 
 clean:
 	rm -rf build deltafin
