@@ -70,6 +70,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     int rc = turn_delta(m, log, first, &delta, err);
     if (!rc) rc = cli_prefill(m, delta.v, (int)delta.n, err);
     int32_t eos = df_engine_info(m->eng)->eos_id;
+    int allowed = 0;
     /* leave room for the answer and its closing end-of-message token */
     int64_t room = df_engine_info(m->eng)->max_context - df_session_pos(m->s) - 2;
     if (!rc && room < 1) {
@@ -85,12 +86,8 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
             cli_stream_end(&out);
             fputs(" [stopped]", stdout);
             rc = DF_OK;
-        } else if (!rc && gc.max_tokens < go->max_tokens && (int)res.ids.n >= gc.max_tokens) {
-            cli_stream_end(&out);
-            fflush(stdout);
-            fprintf(stderr, "\n[stopped at the context limit: the model's context of %lld tokens is full; /reset "
-                    "starts over]", (long long)df_engine_info(m->eng)->max_context);
         }
+        allowed = gc.max_tokens;
         /* feed the last sampled id (or the end-of-message id if the answer did not end by itself) */
         int32_t last = res.ids.n ? res.ids.v[res.ids.n - 1] : eos;
         if (!rc) rc = df_session_eval(m->s, &last, 1, NULL, 0, err);
@@ -98,6 +95,8 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     }
     cli_stream_end(&out);
     fputs("\n", stdout);
+    fflush(stdout);
+    if (!rc) cli_context_notice(m, &res, go->max_tokens, allowed);
     if (!rc) {
         char *text = NULL;
         size_t len = 0, cap = 0;

@@ -47,6 +47,9 @@ $BIN run -p "The jury said that" -n 600 >/dev/null 2>"$tmp/ctx"
 grep -q "stopped at the context limit: the model's context of 512 tokens is full" "$tmp/ctx" \
     && grep -q "generated 509 tokens" "$tmp/ctx" && echo "ok - run stopped by the context limit says so" \
     || echo "not ok - context limit notice: $(cat "$tmp/ctx")"
+printf 'Hello there\n' | $BIN chat -n 1000 >/dev/null 2>"$tmp/ctx3"
+grep -q "stopped at the context limit" "$tmp/ctx3" && echo "ok - a chat answer stopped by the context limit says so" \
+    || echo "not ok - chat context limit notice: $(cat "$tmp/ctx3")"
 $BIN run -p "The jury said that" -n 20 >/dev/null 2>"$tmp/ctx2"
 grep -q "context limit" "$tmp/ctx2" && echo "not ok - context notice on a run that was not cut" \
     || echo "ok - no context notice when max tokens ended the run"
