@@ -106,6 +106,10 @@ expect_usage "--seed -1 is out of range" "--seed: expected an integer from 0 to 
 expect_usage "run: a stray argument is refused" "unexpected argument 'old' and more" \
     $BIN run -m "$FIX" -p the old man and the river
 expect_usage "info: a stray argument is refused" "unexpected argument 'extra'" $BIN info -m "$FIX" extra
+expect_usage "logits: a stray argument is refused" "unexpected argument 'extra'" \
+    $BIN logits -m "$FIX" --prompt "$FIX/prompt.json" -o "$tmp/out.f32" extra
+expect_usage "logits -t 0 names the flag and its range" "-t/--threads: expected an integer from 1 to 1024, got '0'" \
+    $BIN logits -m "$FIX" --prompt "$FIX/prompt.json" -o "$tmp/out.f32" -t 0
 expect_usage "chat: a stray argument is refused" "unexpected argument 'hello'" $BIN chat -m "$FIX" hello
 expect_usage "run: two prompts are refused" "exactly one prompt" $BIN run -m "$FIX" -p x --tokens 1
 expect_fail "run -f of a missing file names it" "$tmp/no-such-prompt.txt" $BIN run -f "$tmp/no-such-prompt.txt"
