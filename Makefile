@@ -94,8 +94,7 @@ test:
 
 # The fast tier (under a minute): unit tests built at -O1 without sanitizers and the quick CLI shell tests;
 # no browser, server, fuzz, qemu or clang rebuild. `make test` runs everything.
-check:
-	@$(MAKE) --no-print-directory $(BIN) $(CHECK_BIN)
+check: $(BIN) $(CHECK_BIN)
 	@bash tests/run.sh --fast
 
 # The same sources must also build warning-free with clang.
