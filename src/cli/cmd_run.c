@@ -119,15 +119,15 @@ int cmd_run(int argc, char **argv) {
         return 2;
     }
     cli_gen_pick_seed(&go);
-    cli_sigint_block();
     df_error err = {0};
+    size_t text_len = text ? strlen(text) : 0;
+    char *file_text = file ? run_read_prompt(file, &text_len, &err) : NULL;   /* Ctrl-C still ends a stdin wait */
+    if (file_text) text = file_text;
+    int rc = file && !file_text ? err.code : DF_OK;
+    cli_sigint_block();
     cli_model m = {0};
     tok_ids prompt = {0};
     gen_result res = {0};
-    size_t text_len = text ? strlen(text) : 0;
-    char *file_text = file ? run_read_prompt(file, &text_len, &err) : NULL;
-    if (file_text) text = file_text;
-    int rc = file && !file_text ? err.code : DF_OK;
     if (!rc) rc = cli_model_open(&m, &go, !ids, &err);
     if (!rc) rc = run_prompt(&m, text, text_len, ids, chat, &prompt, &err);
     if (!rc) rc = cli_prompt_fits(&m, prompt.n, &err);
