@@ -128,14 +128,14 @@ static void ref_matmul(const df_tensor *w, const float *x, int n, double *y, dou
         }
 }
 
-/* Largest |got - want| / (mag * bound) over all outputs, bound = (cols + 2) * 2^-24: an fp32 sum of cols
- * rounded products, in any order, plus one rounding for a scale applied after the sum, stays within it. A
- * result <= 1 is a pass; NaN counts as the worst. */
+/* Largest |got - want| / (mag * bound) over all outputs, bound = k*u / (1 - k*u) with k = cols + 2 and
+ * u = 2^-24: an fp32 sum of cols rounded products, in any order, plus one rounding for a scale applied after
+ * the sum, stays within it (barring underflow). A result <= 1 is a pass; NaN counts as the worst. */
 static double max_err_vs_double(const df_tensor *w, const float *x, int n, const float *got) {
     int64_t rows = w->shape[0], cols = w->shape[1];
     double *want = xmalloc(n * rows * sizeof(double)), *mag = xmalloc(n * rows * sizeof(double));
     ref_matmul(w, x, n, want, mag);
-    double bound = (double)(cols + 2) * ldexp(1.0, -24), worst = 0;
+    double ku = (double)(cols + 2) * ldexp(1.0, -24), bound = ku / (1 - ku), worst = 0;
     for (int64_t k = 0; k < n * rows; k++) {
         double e = fabs(got[k] - want[k]) / ((mag[k] + 1e-30) * bound);
         if (!(e <= worst)) worst = e;
