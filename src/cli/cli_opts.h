@@ -30,6 +30,14 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"    \
     "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"
 
+/* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
+ * names the flag, the accepted range and the value given. */
+int cli_parse_int(const char *flag, const char *arg, long lo, long hi, long *out);
+int cli_parse_float(const char *flag, const char *arg, double lo, double hi, float *out);
+/* Rejects arguments left after the options (a prompt not quoted, a typo): 0 if there are none, else -1 after
+ * printing "deltafin CMD: unexpected argument ...". */
+int cli_no_stray_args(const char *cmd, int argc, char **argv, int optind);
+
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);
 /* Applies option code c (from CLI_STORAGE_LONGOPTS) to o: 1 handled, 0 not a storage option, -1 bad value
