@@ -1,0 +1,113 @@
+/* readahead.c — the look-ahead cost model (see readahead.h). Measurements are windows of the cache's and the
+ * I/O pool's running counters, smoothed exponentially, so the decision follows a conversation whose routing
+ * or disk load changes. */
+#include "readahead.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../common/util.h"
+
+#define RA_WINDOW_REQUESTS 16   /* a layer's recall is updated after this many scored requests */
+#define RA_WINDOW_S 0.05        /* utilisation and hit rate are updated after this much wall time */
+#define RA_SAMPLE 4             /* while not reading, score one guess in this many */
+#define RA_SMOOTH 0.3           /* weight of the newest window */
+#define RA_HYSTERESIS 1.25      /* start reading only when the gain beats the cost by this factor */
+
+typedef struct ra_layer {
+    ecache_hint_stats at;       /* counters at the start of the current window */
+    double recall, precision;   /* < 0: not measured yet */
+    int reading;
+    unsigned calls;
+} ra_layer;
+
+struct readahead {
+    pthread_mutex_t mu;
+    int mode, n_layers;
+    ecache *cache;
+    io_pool *pool;
+    ra_layer *l;
+    double t0, busy0, util;     /* util < 0: not measured yet */
+    uint64_t hits0, misses0;
+    double hit_rate;
+};
+
+static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
+
+int ra_should_read(const ra_inputs *in, int reading) {
+    double gain = in->recall * (1 - in->util), cost = (1 - in->precision) * (in->util + in->hit_rate);
+    return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
+}
+
+readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
+    readahead *ra = xcalloc(1, sizeof *ra);
+    pthread_mutex_init(&ra->mu, NULL);
+    ra->mode = mode;
+    ra->n_layers = n_layers;
+    ra->cache = cache;
+    ra->pool = pool;
+    ra->l = xcalloc((size_t)n_layers + 1, sizeof *ra->l);
+    for (int i = 0; i < n_layers; i++) ra->l[i].recall = ra->l[i].precision = -1;
+    ra->util = ra->hit_rate = -1;
+    ra->t0 = df_now();
+    ra->busy0 = pool ? io_pool_busy_seconds(pool) : 0;
+    return ra;
+}
+
+void readahead_free(readahead *ra) {
+    if (!ra) return;
+    pthread_mutex_destroy(&ra->mu);
+    free(ra->l);
+    free(ra);
+}
+
+/* Lock held. Closes the global window when it is long enough. */
+static void ra_global(readahead *ra) {
+    double t = df_now();
+    if (t - ra->t0 < RA_WINDOW_S) return;
+    double busy = io_pool_busy_seconds(ra->pool);
+    ecache_stats cs;
+    ecache_get_stats(ra->cache, &cs);
+    ra->util = ra_mix(ra->util, DF_MIN(1.0, (busy - ra->busy0) / (t - ra->t0)));
+    uint64_t h = cs.hits - ra->hits0, m = cs.misses - ra->misses0;
+    if (h + m) ra->hit_rate = ra_mix(ra->hit_rate, (double)h / (double)(h + m));
+    ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->misses0 = cs.misses;
+}
+
+/* Lock held. Closes layer's window when it has enough scored requests. */
+static void ra_layer_update(readahead *ra, int layer) {
+    ra_layer *L = &ra->l[layer];
+    ecache_hint_stats now;
+    ecache_hint_layer(ra->cache, layer, &now);
+    uint64_t req = now.requests - L->at.requests, rec = now.recalled - L->at.recalled, g = now.guessed - L->at.guessed;
+    if (req < RA_WINDOW_REQUESTS) return;
+    L->recall = ra_mix(L->recall, (double)rec / (double)req);
+    L->precision = ra_mix(L->precision, g ? (double)rec / (double)g : 0.0);
+    L->at = now;
+}
+
+int readahead_plan(readahead *ra, int layer) {
+    if (!ra->cache || layer < 0 || layer >= ra->n_layers || ra->mode == DF_LOOKAHEAD_OFF) return RA_SKIP;
+    if (ra->mode == DF_LOOKAHEAD_ON) return RA_READ;
+    pthread_mutex_lock(&ra->mu);
+    ra_global(ra);
+    ra_layer_update(ra, layer);
+    ra_layer *L = &ra->l[layer];
+    if (L->recall >= 0 && ra->util >= 0) {
+        ra_inputs in = {L->recall, L->precision, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
+        L->reading = ra_should_read(&in, L->reading);
+    }
+    int plan = L->reading ? RA_READ : L->calls % RA_SAMPLE == 0 ? RA_SCORE : RA_SKIP;
+    L->calls++;
+    pthread_mutex_unlock(&ra->mu);
+    return plan;
+}
+
+int readahead_reading(readahead *ra, int layer) {
+    if (!ra->cache || layer < 0 || layer >= ra->n_layers || ra->mode == DF_LOOKAHEAD_OFF) return 0;
+    if (ra->mode == DF_LOOKAHEAD_ON) return 1;
+    pthread_mutex_lock(&ra->mu);
+    int r = ra->l[layer].reading;
+    pthread_mutex_unlock(&ra->mu);
+    return r;
+}
