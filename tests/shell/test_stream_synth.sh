@@ -25,6 +25,25 @@ fi
 run_ids=$($bin run -m "$dir/m" --tokens 1,2,3 -n 3 2>/dev/null)
 [ -n "$run_ids" ] && ok "run on the synth checkpoint: $run_ids" || bad "run on the synth checkpoint"
 
+# MXFP4 experts (the 48B-shaped benchmark checkpoint's format): loads, checks out, and runs the same tokens
+# through a 1-slot cache with a streamed spine and look-ahead on as with everything resident
+if $bin synth --family kimi-linear --layers 3 --experts 6 --topk 2 --vocab 512 --expert-dtype mxfp4 -o "$dir/mx" >"$dir/mx.out" 2>&1 &&
+   grep -q "MXFP4 experts" "$dir/mx.out"; then
+    ok "synth kimi-linear --expert-dtype mxfp4"
+else
+    bad "synth mxfp4: $(tail -2 "$dir/mx.out")"
+fi
+if $bin info -m "$dir/mx" >"$dir/mx.info" 2>&1 && grep -q "every tensor present" "$dir/mx.info" &&
+   grep -q "w1 MXFP4" "$dir/mx.info" && grep -q "bytes per expert: 3.59 MiB (3760128 bytes)" "$dir/mx.info"; then
+    ok "info: mxfp4 experts of 3,760,128 bytes (Kimi-Linear 48B shapes), every tensor present"
+else
+    bad "info mxfp4: $(grep -iE 'matrices|bytes per expert|problem|error' "$dir/mx.info" | head -4)"
+fi
+mx_a=$($bin run -m "$dir/mx" --tokens 1,2,3 -n 4 2>/dev/null)
+mx_b=$($bin run -m "$dir/mx" --tokens 1,2,3 -n 4 --cache-slots 1 --spine-stream --lookahead=on 2>/dev/null)
+[ -n "$mx_a" ] && [ "$mx_a" = "$mx_b" ] && ok "mxfp4 synth runs, same tokens resident and through 1 slot: $mx_a" ||
+    bad "mxfp4 synth run: '$mx_a' vs '$mx_b'"
+
 $bin bench -m "$dir/m" -n 3 --prompt 6 --probe-gb 0.05 --json >"$dir/a.json" 2>"$dir/a.err" || bad "bench default: $(cat "$dir/a.err")"
 $bin bench -m "$dir/m" -n 3 --prompt 6 --probe-gb 0.05 --json --spine-stream --cache-slots 1 >"$dir/b.json" 2>"$dir/b.err" ||
     bad "bench streamed: $(cat "$dir/b.err")"
