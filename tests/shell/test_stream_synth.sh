@@ -53,10 +53,18 @@ python3 - "$dir" <<'PY'
 import json, sys
 d = sys.argv[1]
 a, b, c = (json.load(open(f"{d}/{x}.json")) for x in "abc")
-need = ["s_per_token", "io_floor_s_per_token", "disk_bytes_per_token", "disk_gbps", "cache_hit_rate", "rss_peak_bytes"]
+need = ["s_per_token", "io_floor_s_per_token", "compute_s_per_token", "floor_ratio", "disk_bytes_per_token", "disk_gbps",
+        "cache_hit_rate", "rss_peak_bytes", "lookahead_layers"]
 miss = [k for k in need if k not in a] + [k for k in ["spine_read", "expert_read", "spine_compute", "attention",
         "expert_compute", "other"] if k not in a.get("breakdown", {})]
 print(("ok - " if not miss else "not ok - ") + "bench --json has the issue's fields" + (f" (missing {miss})" if miss else ""))
+fl = max(a["io_floor_s_per_token"], a["compute_s_per_token"])
+ok = all(x["compute_reruns"] == 3 and x["rerun_logits_identical"] for x in (a, b, c)) and a["compute_rerun_disk_bytes"] == 0 \
+    and a["compute_s_per_token"] > 0 and abs(a["floor_ratio"] - a["s_per_token"] / fl) < 1e-3 * a["floor_ratio"] + 1e-4
+print(("ok - " if ok else "not ok - ") + f"compute-only re-runs: same logits as the timed token, nothing read when resident "
+      f"({a['compute_rerun_disk_bytes']} B), floor_ratio = s/token / max(floor, compute) = {a['floor_ratio']}")
+probe = [x["pattern"] for x in a["disk_probe"]]
+print(("ok - " if any("expert reads" in x for x in probe) else "not ok - ") + "the disk probe includes the engine's own expert reads")
 same = a["generated"] == b["generated"] == c["generated"]
 print(("ok - " if same else "not ok - ") + f"same greedy tokens resident / streamed 1 slot / buffered 2 slots: {a['generated']} {b['generated']} {c['generated']}")
 print(("ok - " if b["streamed_layers"] == 3 and b["disk_bytes_per_token"] > 0 and a["disk_bytes_per_token"] == 0 else "not ok - ")
