@@ -184,6 +184,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n, int read) {
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
     c->hint_layer[layer] = 1;
     for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
+    c->lh[layer].read_hints += read != 0;
     for (int i = 0; read && i < n; i++) {
         if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
         int v = ec_victim(c, 0);
@@ -199,6 +200,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n, int read) {
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     pthread_mutex_lock(&c->mu);
     ec_hint_score(c, layer, ids, n);
+    c->lh[layer].passes++;
     for (int i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
     if (n > c->pq_cap) {
         c->pq_cap = n;
@@ -294,15 +296,21 @@ int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *do
             pthread_mutex_unlock(&c->mu);
             return DF_OK;
         }
+        double t0 = df_now();
         if (!loading) {   /* nothing on its way (not prefetched, or evicted): read one here */
             pthread_mutex_unlock(&c->mu);
             DF_ASSERT(unbound >= 0);
             done[unbound] = 1;
             *which = unbound;
-            return ecache_acquire(c, layer, ids[unbound], out, err);
+            int rc = ecache_acquire(c, layer, ids[unbound], out, err);
+            pthread_mutex_lock(&c->mu);
+            c->lh[layer].wait_s += df_now() - t0;
+            pthread_mutex_unlock(&c->mu);
+            return rc;
         }
         if (!waited++) c->st.waits++;
         pthread_cond_wait(&c->cv, &c->mu);
+        c->lh[layer].wait_s += df_now() - t0;
     }
 }
 

@@ -32,9 +32,12 @@ typedef struct ecache_stats {
 } ecache_stats;
 
 /* Look-ahead for one layer: experts it asked for while a guess for it was pending, how many of them the guess
- * named, how many the scored guesses named in all (recalled / guessed = precision), guessed reads started. */
+ * named, how many the scored guesses named in all (recalled / guessed = precision), guessed reads started,
+ * guesses hinted for reading; and what the guesses are meant to shrink: the layer's prefetches (passes) and
+ * the seconds ecache_acquire_next waited for its experts. */
 typedef struct ecache_hint_stats {
-    uint64_t requests, recalled, guessed, loads;
+    uint64_t requests, recalled, guessed, loads, read_hints, passes;
+    double wait_s;
 } ecache_hint_stats;
 
 ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,

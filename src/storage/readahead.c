@@ -1,6 +1,8 @@
 /* readahead.c — the look-ahead cost model (see readahead.h). Measurements are windows of the cache's and the
  * I/O pool's running counters, smoothed exponentially, so the decision follows a conversation whose routing
- * or disk load changes. */
+ * or disk load changes. Besides the rule, each layer compares what it actually waited for its experts with
+ * its guesses read and without (one pass in RA_SAMPLE_OFF goes without while reading): guesses that do not cut
+ * the wait are not read, whatever the rule says. */
 #include "readahead.h"
 
 #include <pthread.h>
@@ -13,10 +15,15 @@
 #define RA_SAMPLE 4             /* while not reading, score one guess in this many */
 #define RA_SMOOTH 0.3           /* weight of the newest window */
 #define RA_HYSTERESIS 1.25      /* start reading only when the gain beats the cost by this factor */
+#define RA_SAMPLE_OFF 8         /* while reading, one pass in this many goes without, to measure the difference */
+#define RA_RETRY 32             /* while reading is measured not to pay, try it again once in this many passes */
+#define RA_MIN_GAIN 0.95        /* reading must cut the layer's wait to this fraction of the wait without */
 
 typedef struct ra_layer {
     ecache_hint_stats at;       /* counters at the start of the current window */
     double recall, precision;   /* < 0: not measured yet */
+    double wait_on, wait_off;   /* seconds a pass waited with guesses read / without; < 0: not measured yet */
+    ecache_hint_stats seen;     /* counters at the last plan */
     int reading;
     unsigned calls;
 } ra_layer;
@@ -35,7 +42,7 @@ struct readahead {
 static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
 
 int ra_should_read(const ra_inputs *in, int reading) {
-    double gain = in->recall * (1 - in->util), cost = (1 - in->precision) * (in->util + in->hit_rate);
+    double gain = in->recall * (1 - in->util) * (1 - in->hit_rate), cost = (1 - in->precision) * (in->util + in->hit_rate);
     return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
 }
 
@@ -47,7 +54,7 @@ readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
     ra->cache = cache;
     ra->pool = pool;
     ra->l = xcalloc((size_t)n_layers + 1, sizeof *ra->l);
-    for (int i = 0; i < n_layers; i++) ra->l[i].recall = ra->l[i].precision = -1;
+    for (int i = 0; i < n_layers; i++) ra->l[i].recall = ra->l[i].precision = ra->l[i].wait_on = ra->l[i].wait_off = -1;
     ra->util = ra->hit_rate = -1;
     ra->t0 = df_now();
     ra->busy0 = pool ? io_pool_busy_seconds(pool) : 0;
@@ -74,11 +81,19 @@ static void ra_global(readahead *ra) {
     ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->misses0 = cs.misses;
 }
 
-/* Lock held. Closes layer's window when it has enough scored requests. */
+/* Lock held. Attributes the layer's waits since the last plan to reading or not, and closes its recall window
+ * when it has enough scored requests. */
 static void ra_layer_update(readahead *ra, int layer) {
     ra_layer *L = &ra->l[layer];
     ecache_hint_stats now;
     ecache_hint_layer(ra->cache, layer, &now);
+    uint64_t passes = now.passes - L->seen.passes;
+    if (passes) {
+        double w = (now.wait_s - L->seen.wait_s) / (double)passes;
+        if (now.read_hints > L->seen.read_hints) L->wait_on = ra_mix(L->wait_on, w);
+        else L->wait_off = ra_mix(L->wait_off, w);
+        L->seen = now;
+    }
     uint64_t req = now.requests - L->at.requests, rec = now.recalled - L->at.recalled, g = now.guessed - L->at.guessed;
     if (req < RA_WINDOW_REQUESTS) return;
     L->recall = ra_mix(L->recall, (double)rec / (double)req);
@@ -93,11 +108,16 @@ int readahead_plan(readahead *ra, int layer) {
     ra_global(ra);
     ra_layer_update(ra, layer);
     ra_layer *L = &ra->l[layer];
+    int rule = 0;
     if (L->recall >= 0 && ra->util >= 0) {
         ra_inputs in = {L->recall, L->precision, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
-        L->reading = ra_should_read(&in, L->reading);
+        rule = ra_should_read(&in, L->reading);
     }
-    int plan = L->reading ? RA_READ : L->calls % RA_SAMPLE == 0 ? RA_SCORE : RA_SKIP;
+    int worse = L->wait_on >= 0 && L->wait_off >= 0 && L->wait_on > RA_MIN_GAIN * L->wait_off;
+    L->reading = rule && !worse;
+    int plan = L->reading ? (L->calls % RA_SAMPLE_OFF == RA_SAMPLE_OFF - 1 ? RA_SCORE : RA_READ)
+               : rule && L->calls % RA_RETRY == 0 ? RA_READ
+               : L->calls % RA_SAMPLE == 0 ? RA_SCORE : RA_SKIP;
     L->calls++;
     pthread_mutex_unlock(&ra->mu);
     return plan;

@@ -6,9 +6,11 @@
  * evicts it). The policy measures, per layer, the guess's recall (share of the layer's experts it named) and
  * precision (share of its names the layer used), and globally the disk's utilisation (time with reads in
  * flight on the I/O pool) and the cache hit rate, and reads a layer's guess while
- *     recall x (1 - utilisation)  >  (1 - precision) x (utilisation + hit rate),
- * with hysteresis. While it does not read, it still scores a guess every few tokens (without reading) to keep
- * the recall current. The spine needs no such model: the next streamed layer's bytes are always needed, so
+ *     recall x (1 - utilisation) x (1 - hit rate)  >  (1 - precision) x (utilisation + hit rate),
+ * (only misses can be read early; a busy disk or a useful cache makes wrong guesses expensive)
+ * with hysteresis, and only while reading is measured to cut the layer's wait for its experts (against passes
+ * without). While it does not read, it still scores a guess every few tokens (without reading) to keep the
+ * recall current. The spine needs no such model: the next streamed layer's bytes are always needed, so
  * spine.c always reads them ahead, after the experts in priority. */
 #ifndef DF_STORE_READAHEAD_H
 #define DF_STORE_READAHEAD_H

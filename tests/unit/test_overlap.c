@@ -198,10 +198,10 @@ static void test_policy(void) {
           "policy: 30%% recall with the disk half busy does not");
     CHECK(!ra_should_read(&cached, 0), "policy: a cache that already serves 95%% does not trade it for guesses");
     /* edge: gain 0.36 against cost 0.16 */
-    ra_inputs hold = {0.5, 0.5, 0.4, 0.3};   /* gain 0.30, cost 0.35: off, and stays off */
+    ra_inputs hold = {0.5, 0.5, 0.4, 0.3};   /* gain 0.21, cost 0.35: off, and stays off */
     CHECK(ra_should_read(&edge, 0) && ra_should_read(&edge, 1) && !ra_should_read(&hold, 1),
           "policy: keeps reading while the gain covers the cost, stops when it does not");
-    ra_inputs between = {0.5, 0.55, 0.4, 0.2};   /* gain 0.30, cost 0.27: keep reading, but do not start */
+    ra_inputs between = {0.5, 0.55, 0.4, 0.1};   /* gain 0.27, cost 0.225: keep reading, but do not start */
     CHECK(ra_should_read(&between, 1) && !ra_should_read(&between, 0), "policy: hysteresis between start and stop");
 }
 
