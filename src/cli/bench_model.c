@@ -145,7 +145,10 @@ static void probe_find_experts(probe_disk *p) {
             }
             if (j == i) j++;
             else {
-                if (p->n_spans == cap) p->spans = xrealloc(p->spans, sizeof *p->spans * (size_t)(cap = cap ? 2 * cap : 256));
+                if (p->n_spans == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    p->spans = xrealloc(p->spans, sizeof *p->spans * (size_t)cap);
+                }
                 p->spans[p->n_spans++] = (probe_span){f, lo, hi - lo};
             }
             i = j;

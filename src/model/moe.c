@@ -248,7 +248,8 @@ static int moe_lookahead(df_fwd *f, const float *x, int T) {
     if (wn) {
         float *xs = xmalloc((size_t)T * d * sizeof(float));
         for (int64_t i = 0; i < (int64_t)T * d; i++) xs[i] = wi[i % d] != 0.0f ? x[i] / wi[i % d] * wn[i % d] : 0.0f;
-        if (route_batch(&nf, xs, T, &r) == DF_OK) store_experts_hint(f->m->store, next, r.uniq, r.n_uniq, plan == 2);
+        if (route_batch(&nf, xs, T, &r) == DF_OK)
+            store_experts_hint(f->m->store, next, r.uniq, r.n_uniq, plan == STORE_LOOKAHEAD_READ);
         free(xs);
     }
     store_layer_release(f->m->store, nf.L);

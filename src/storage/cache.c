@@ -173,8 +173,11 @@ static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
     c->hint_layer[layer] = 0;
     c->st.hint_requests += (uint64_t)n;
     c->lh[layer].requests += (uint64_t)n;
-    for (int i = 0; i < n; i++) c->lh[layer].recalled += c->hinted[ec_key(c, layer, ids[i])];
-    for (int i = 0; i < n; i++) c->st.hint_recalled += c->hinted[ec_key(c, layer, ids[i])];
+    for (int i = 0; i < n; i++) {
+        uint8_t named = c->hinted[ec_key(c, layer, ids[i])];
+        c->st.hint_recalled += named;
+        c->lh[layer].recalled += named;
+    }
     for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++) c->lh[layer].guessed += c->hinted[k];
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
 }

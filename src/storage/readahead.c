@@ -42,7 +42,8 @@ struct readahead {
 static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
 
 int ra_should_read(const ra_inputs *in, int reading) {
-    double gain = in->recall * (1 - in->util) * (1 - in->hit_rate), cost = (1 - in->precision) * (in->util + in->hit_rate);
+    double gain = in->recall * (1 - in->util) * (1 - in->hit_rate);
+    double cost = (1 - in->precision) * (in->util + in->hit_rate);
     return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
 }
 
@@ -102,8 +103,8 @@ static void ra_layer_update(readahead *ra, int layer) {
 }
 
 int readahead_plan(readahead *ra, int layer) {
-    if (!ra->cache || layer < 0 || layer >= ra->n_layers || ra->mode == DF_LOOKAHEAD_OFF) return RA_SKIP;
-    if (ra->mode == DF_LOOKAHEAD_ON) return RA_READ;
+    if (!ra->cache || layer < 0 || layer >= ra->n_layers) return STORE_LOOKAHEAD_SKIP;
+    if (ra->mode != DF_LOOKAHEAD_AUTO) return ra->mode == DF_LOOKAHEAD_ON ? STORE_LOOKAHEAD_READ : STORE_LOOKAHEAD_SKIP;
     pthread_mutex_lock(&ra->mu);
     ra_global(ra);
     ra_layer_update(ra, layer);
@@ -115,9 +116,10 @@ int readahead_plan(readahead *ra, int layer) {
     }
     int worse = L->wait_on >= 0 && L->wait_off >= 0 && L->wait_on > RA_MIN_GAIN * L->wait_off;
     L->reading = rule && !worse;
-    int plan = L->reading ? (L->calls % RA_SAMPLE_OFF == RA_SAMPLE_OFF - 1 ? RA_SCORE : RA_READ)
-               : rule && L->calls % RA_RETRY == 0 ? RA_READ
-               : L->calls % RA_SAMPLE == 0 ? RA_SCORE : RA_SKIP;
+    int plan = STORE_LOOKAHEAD_SKIP;
+    if (L->reading) plan = L->calls % RA_SAMPLE_OFF == RA_SAMPLE_OFF - 1 ? STORE_LOOKAHEAD_SCORE : STORE_LOOKAHEAD_READ;
+    else if (rule && L->calls % RA_RETRY == 0) plan = STORE_LOOKAHEAD_READ;
+    else if (L->calls % RA_SAMPLE == 0) plan = STORE_LOOKAHEAD_SCORE;
     L->calls++;
     pthread_mutex_unlock(&ra->mu);
     return plan;

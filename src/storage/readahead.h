@@ -18,8 +18,6 @@
 #include "cache.h"
 #include "io.h"
 
-enum { RA_SKIP = 0, RA_SCORE = 1, RA_READ = 2 };
-
 /* What auto decides from (all fractions in [0, 1]). */
 typedef struct ra_inputs {
     double recall, precision;   /* of this layer's guesses, recent */
@@ -34,8 +32,7 @@ typedef struct readahead readahead;
 /* mode: DF_LOOKAHEAD_*; cache and pool are borrowed (cache may be NULL: nothing to guess). */
 readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool);
 void readahead_free(readahead *ra);
-/* What to do with a guess of layer's experts now: RA_SKIP (do not compute one), RA_SCORE (hint it without
- * reading, to measure recall) or RA_READ. Thread-safe. */
+/* What to do with a guess of layer's experts now (STORE_LOOKAHEAD_* of store.h). Thread-safe. */
 int readahead_plan(readahead *ra, int layer);
 /* Whether auto currently reads layer's guesses (on: always; off: never). */
 int readahead_reading(readahead *ra, int layer);

@@ -1069,7 +1069,7 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
 }
 
 int store_lookahead_plan(df_store *st, int layer) {
-    return store_expert_count(st, layer) ? readahead_plan(st->ra, layer) : RA_SKIP;
+    return store_expert_count(st, layer) ? readahead_plan(st->ra, layer) : STORE_LOOKAHEAD_SKIP;
 }
 
 void store_experts_hint(df_store *st, int layer, const int *ids, int n, int read) {

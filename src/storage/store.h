@@ -89,8 +89,9 @@ int store_expert_count(const df_store *st, int layer);
 int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err);
 /* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
  * the file and tensor). */
-/* Look-ahead: what the model should do now about guessing this coming layer's experts: 0 nothing, 1 guess
- * and hint without reading (storage measures the guesses' recall), 2 guess and hint to read (readahead.h). */
+/* Look-ahead: what the model should do now about guessing this coming layer's experts (readahead.h decides):
+ * nothing, guess and hint without reading (storage measures the guesses' recall), or guess and hint to read. */
+enum { STORE_LOOKAHEAD_SKIP = 0, STORE_LOOKAHEAD_SCORE = 1, STORE_LOOKAHEAD_READ = 2 };
 int store_lookahead_plan(df_store *st, int layer);
 /* Guess (look-ahead): these experts of a coming layer may be needed; with read, storage reads those not cached
  * into idle slots at low priority, leaving the current prefetch alone. Either way the layer's next prefetch
