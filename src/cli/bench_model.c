@@ -26,7 +26,7 @@
 #include "storage/io.h"
 #include "storage/safetensors.h"
 
-#define PROBE_PATTERNS 7
+#define PROBE_PATTERNS 8
 #define BENCH_RERUNS 3
 #define PROBE_MAX_SHARDS 4096
 
@@ -40,17 +40,19 @@ typedef struct probe_pattern {
     int kind, threads;
     uint64_t block;
     int reread, spread;
-    int experts;           /* the engine's expert reads: random expert spans with the engine's reader and threads */
+    int engine;            /* the engine's reader and I/O threads (--io, --io-threads) instead of kind, threads */
+    int experts;           /* random expert spans instead of blocks, one reader call each, as the engine reads */
 } probe_pattern;
 
 static const probe_pattern probe_patterns[PROBE_PATTERNS] = {
-    {"pread pool, 8 threads x 8 MiB", IO_KIND_PREAD, 8, 8u << 20, 0, 0, 0},
-    {"pread pool, 8 threads x 16 MiB", IO_KIND_PREAD, 8, 16u << 20, 0, 0, 0},
-    {"io_uring, 8 threads x 16 MiB (1 MiB requests)", IO_KIND_URING, 8, 16u << 20, 0, 0, 0},
-    {"io_uring, 16 threads x 8 MiB (1 MiB requests)", IO_KIND_URING, 16, 8u << 20, 0, 0, 0},
-    {"io_uring, 8 threads x 16 MiB, re-reading the previous region", IO_KIND_URING, 8, 16u << 20, 1, 0, 0},
-    {"io_uring, 16 threads x 8 MiB, spread over all shards", IO_KIND_URING, 16, 8u << 20, 0, 1, 0},
-    {"the engine's expert reads: random expert spans, its reader and I/O threads", 0, 0, 0, 0, 0, 1},
+    {"pread pool, 8 threads x 8 MiB", IO_KIND_PREAD, 8, 8u << 20, 0, 0, 0, 0},
+    {"pread pool, 8 threads x 16 MiB", IO_KIND_PREAD, 8, 16u << 20, 0, 0, 0, 0},
+    {"io_uring, 8 threads x 16 MiB (1 MiB requests)", IO_KIND_URING, 8, 16u << 20, 0, 0, 0, 0},
+    {"io_uring, 16 threads x 8 MiB (1 MiB requests)", IO_KIND_URING, 16, 8u << 20, 0, 0, 0, 0},
+    {"io_uring, 8 threads x 16 MiB, re-reading the previous region", IO_KIND_URING, 8, 16u << 20, 1, 0, 0, 0},
+    {"io_uring, 16 threads x 8 MiB, spread over all shards", IO_KIND_URING, 16, 8u << 20, 0, 1, 0, 0},
+    {"the engine's spine reads: 8 MiB pieces, its reader and I/O threads", 0, 0, 8u << 20, 0, 0, 1, 0},
+    {"the engine's expert reads: random expert spans, its reader and I/O threads", 0, 0, 0, 0, 0, 1, 1},
 };
 
 typedef struct probe_span {
@@ -223,7 +225,8 @@ static double probe_experts(probe_disk *p, const probe_pattern *pat, uint64_t li
  * returns GB/s, or -1. */
 static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit, char *err, size_t cap) {
     if (pat->experts) return probe_experts(p, pat, limit, err, cap);
-    int n_jobs = (int)DF_MAX(limit / pat->block, (uint64_t)pat->threads);
+    int kind = pat->engine ? p->eng_kind : pat->kind, threads = pat->engine ? p->eng_threads : pat->threads;
+    int n_jobs = (int)DF_MAX(limit / pat->block, (uint64_t)threads);
     probe_job *jobs = xcalloc((size_t)n_jobs, sizeof *jobs);
     if (pat->reread) {
         p->file = p->last_file;
@@ -256,7 +259,7 @@ static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit,
         jobs[i] = (probe_job){.file = p->file, .off = p->off, .len = pat->block};
         p->off += pat->block;
     }
-    double r = n_jobs ? probe_exec(p, pat, pat->kind, pat->threads, jobs, n_jobs, pat->block + IO_ALIGN, err, cap) : -1;
+    double r = n_jobs ? probe_exec(p, pat, kind, threads, jobs, n_jobs, pat->block + IO_ALIGN, err, cap) : -1;
     free(jobs);
     if (!n_jobs) return snprintf(err, cap, "no shard is larger than %llu bytes", (unsigned long long)pat->block), -1;
     return r;
@@ -368,7 +371,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers,
            r->s2.resident_spine_bytes / 1073741824.0, r->s2.stream_buffer_bytes / 1073741824.0, r->s2.cache_slots,
            r->s2.cache_bytes / 1073741824.0);
-    printf("disk: %.2f GB/s O_DIRECT sequential, best of:", r->disk_gbps);
+    printf("disk: %.2f GB/s O_DIRECT, best of:", r->disk_gbps);
     for (int i = 0; i <= PROBE_PATTERNS; i++)
         printf("%s %s%s %.2f", i ? ";" : "", probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
                i < PROBE_PATTERNS ? "" : " (after decoding)", r->probe.gbps[i]);
