@@ -291,7 +291,8 @@ static int argmax(const float *v, int n) {
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--json] [--threads N] [storage options]\n"
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
-               "  breakdown, disk bytes per token, cache hit rate, read GB/s and the I/O floor\n"
+               "  breakdown, disk bytes per token, cache hit rate, read GB/s, the I/O floor, the compute-only time\n"
+               "  and s/token / max(floor, compute-only)\n"
                "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
                "  --reruns R        compute-only time: the last token re-run R times with its experts cached\n"
                "                    (default 3; 0 skips it)\n"
