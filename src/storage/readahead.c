@@ -42,8 +42,8 @@ struct readahead {
 static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
 
 int ra_should_read(const ra_inputs *in, int reading) {
-    double gain = in->recall * (1 - in->util) * (1 - in->hit_rate);
-    double cost = (1 - in->precision) * (in->util + in->hit_rate);
+    double fit = in->util <= 0 ? 1.0 : DF_MIN(1.0, (1 - in->util) / in->util);
+    double gain = in->recall * fit * (1 - in->hit_rate), cost = (1 - in->precision) * ((1 - fit) + in->hit_rate);
     return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
 }
 

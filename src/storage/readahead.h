@@ -4,10 +4,12 @@
  * arrive for free and the wrong ones cost nothing but cache slots) and stops paying when the disk is already
  * busy (every wrong guess delays a needed read) or when the cache holds what will be needed (a wrong guess
  * evicts it). The policy measures, per layer, the guess's recall (share of the layer's experts it named) and
- * precision (share of its names the layer used), and globally the disk's utilisation (time with reads in
- * flight on the I/O pool) and the cache hit rate, and reads a layer's guess while
- *     recall x (1 - utilisation) x (1 - hit rate)  >  (1 - precision) x (utilisation + hit rate),
- * (only misses can be read early; a busy disk or a useful cache makes wrong guesses expensive)
+ * precision (share of its names the layer used), and globally the disk's utilisation u (time with reads in
+ * flight on the I/O pool) and the cache hit rate. A guess is about as many reads as the layer's own, which
+ * keep the disk busy a share u of the time, so the share of the guess's reads that fits the idle time is
+ * fit = min(1, (1 - u) / u); the right guesses read there are the gain (as far as the cache would miss them),
+ * the wrong ones that spill into busy time (or evict cached experts) the cost. It reads a layer's guess while
+ *     recall x fit x (1 - hit rate)  >  (1 - precision) x ((1 - fit) + hit rate)
  * with hysteresis, and only while reading is measured to cut the layer's wait for its experts (against passes
  * without). While it does not read, it still scores a guess every few tokens (without reading) to keep the
  * recall current. The spine needs no such model: the next streamed layer's bytes are always needed, so

@@ -189,19 +189,19 @@ static void check_fixture(const char *dir, const char *name) {
 /* ---- the look-ahead cost model ------------------------------------------------------------------------ */
 
 static void test_policy(void) {
-    ra_inputs busy = {0.9, 0.9, 1.0, 0.0}, idle_good = {0.75, 0.75, 0.3, 0.1}, idle_poor = {0.3, 0.3, 0.5, 0.2},
-              cached = {0.5, 0.5, 0.05, 0.95}, edge = {0.6, 0.6, 0.4, 0.0};
+    /* {recall, precision, utilisation, hit rate}; fit = min(1, (1 - u) / u);
+     * gain = recall x fit x (1 - hit), cost = (1 - precision) x ((1 - fit) + hit) */
+    ra_inputs busy = {0.9, 0.9, 1.0, 0.0}, idle_good = {0.75, 0.75, 0.3, 0.1}, busy_poor = {0.3, 0.3, 0.8, 0.2},
+              cached = {0.5, 0.5, 0.05, 0.95}, trained = {0.76, 0.76, 0.7, 0.05}, random = {0.5, 0.5, 0.7, 0.05};
     CHECK(!ra_should_read(&busy, 0) && !ra_should_read(&busy, 1),
           "policy: a saturated disk never reads guesses (no idle time to fill)");
     CHECK(ra_should_read(&idle_good, 0), "policy: 75%% recall with the disk 30%% busy reads guesses");
-    CHECK(!ra_should_read(&idle_poor, 0) && !ra_should_read(&idle_poor, 1),
-          "policy: 30%% recall with the disk half busy does not");
+    CHECK(!ra_should_read(&busy_poor, 0) && !ra_should_read(&busy_poor, 1),
+          "policy: 30%% recall with the disk 80%% busy does not");
     CHECK(!ra_should_read(&cached, 0), "policy: a cache that already serves 95%% does not trade it for guesses");
-    /* edge: gain 0.36 against cost 0.16 */
-    ra_inputs hold = {0.5, 0.5, 0.4, 0.3};   /* gain 0.21, cost 0.35: off, and stays off */
-    CHECK(ra_should_read(&edge, 0) && ra_should_read(&edge, 1) && !ra_should_read(&hold, 1),
-          "policy: keeps reading while the gain covers the cost, stops when it does not");
-    ra_inputs between = {0.5, 0.55, 0.4, 0.1};   /* gain 0.27, cost 0.225: keep reading, but do not start */
+    CHECK(ra_should_read(&trained, 0) && !ra_should_read(&random, 0), "policy: with the disk 70%% busy, a trained "
+          "router's 76%% recall pays (gain 0.31, cost 0.15), random weights' 50%% does not (gain 0.20, cost 0.31)");
+    ra_inputs between = {0.6, 0.5, 0.65, 0.1};   /* gain 0.291, cost 0.281: keep reading, but do not start */
     CHECK(ra_should_read(&between, 1) && !ra_should_read(&between, 0), "policy: hysteresis between start and stop");
 }
 
