@@ -328,7 +328,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
              pre_req = r->s1.expert_requests - r->s0.expert_requests;
     double bound = DF_MAX(floor, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
-    static const char *const la_mode[] = {"auto", "on", "off"};
+    static const char *const la_modes[] = {"auto", "on", "off"};
+    const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
     if (json) {
         printf("{\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
                "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
@@ -342,7 +343,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
                dir, r->n, r->prompt, spt, floor, r->compute_s, ratio, floor > 0 ? spt / floor : 0, r->compute_wall_s,
                (unsigned long long)r->compute_disk_bytes, r->reruns, r->rerun_same ? "true" : "false",
-               la_mode[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0], bpt,
+               la_mode, bpt,
                (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n, (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n,
                r->disk_gbps, spt > 0 ? bpt / spt / 1e9 : 0, hit, (unsigned long long)r->rss_peak,
                (unsigned long long)r->s2.mem_budget, r->s2.cache_slots, r->s2.streamed_layers, r->prefill_s,
@@ -395,7 +396,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
     if (r->s2.lookahead_requests || la_loads) {
         printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n  ",
-               la_mode[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0], 100 * recall, la_loads / n);
+               la_mode, 100 * recall, la_loads / n);
         for (int l = 0, k = 0; l < r->n_layers; l++)
             if (r->la[l].requests || r->la[l].loads)
                 printf("%s L%d %.0f%%%s", k++ ? "," : "recall per layer (* = guesses read at the end):", l,
