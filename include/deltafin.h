@@ -56,9 +56,12 @@ typedef struct df_engine_opts {
     int spine;                /* issue 4: DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
     int io_mode;              /* O_DIRECT reader: 0 = the faster one measured here (io_uring), 1 = pread thread
                                  pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
-    int lookahead;            /* 1: predict layer i+1's experts with its router on layer i's MoE input and read
-                                 them early (never changes results); 0 = off (the default: it did not pay) */
+    int lookahead;            /* DF_LOOKAHEAD_*: predict layer i+1's experts with its router on layer i's MoE input
+                                 and read them early (never changes results); auto (0, the default) reads a
+                                 layer's guesses only while measured recall and spare disk time say it pays */
 } df_engine_opts;
+
+enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };
 
 typedef struct df_model_info {
     const char *family;       /* "kimi_linear" or "kimi_k3" */
@@ -135,6 +138,14 @@ typedef struct df_stats {
                                                           how many of them the guess named (recall) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
+/* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess
+ * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and whether
+ * its guesses are being read now (auto's current decision). Zeros for layers without routed experts. */
+typedef struct df_layer_lookahead {
+    uint64_t requests, recalled, loads;
+    int reading;
+} df_layer_lookahead;
+void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
 
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert

@@ -1,11 +1,14 @@
 /* bench_model.c — `deltafin bench -m DIR [-n N] [--json]`: the decode benchmark of the streaming engine.
  *
- * In one run it measures the disk (O_DIRECT sequential reads of the model's own shards through the engine's
- * own reader, in a few patterns of parallel readers and request sizes, before decoding, and the best pattern
- * again after; the best rate seen is the disk's bandwidth), prefills a short prompt (reporting the expert bytes that prefill read against the
- * unique experts it needed), then decodes N tokens greedily and reports s/token, where the time went
- * (df_engine_profile), bytes read from disk per token, the cache hit rate, the read rate achieved, the peak
- * resident set and the I/O floor: bytes that had to come from disk / the measured disk bandwidth. */
+ * In one run it measures the disk (O_DIRECT reads of the model's own shards through the engine's own reader, in
+ * a few patterns of parallel readers and request sizes — among them the engine's expert reads themselves:
+ * random expert spans, as many in flight as it has I/O threads — before decoding, and the best pattern again
+ * after; the best rate seen is the disk's bandwidth), prefills a short prompt (reporting the expert bytes that
+ * prefill read against the unique experts it needed), then decodes N tokens greedily and reports s/token, where
+ * the time went (df_engine_profile), bytes read from disk per token, the cache hit rate, the read rate
+ * achieved, the peak resident set, the I/O floor (bytes that had to come from disk / the measured disk
+ * bandwidth), the compute-only time (the last token evaluated again from a copy of the state taken before it,
+ * its experts now cached, minus any read wait left) and floor_ratio = s/token / max(floor, compute-only). */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -21,8 +24,10 @@
 #include "common/util.h"
 #include "storage/budget.h"
 #include "storage/io.h"
+#include "storage/safetensors.h"
 
-#define PROBE_PATTERNS 6
+#define PROBE_PATTERNS 8
+#define BENCH_RERUNS 3
 #define PROBE_MAX_SHARDS 4096
 
 /* One way of reading the disk: the engine's own reader (io.h source of this kind, on an I/O pool of this many
@@ -35,16 +40,25 @@ typedef struct probe_pattern {
     int kind, threads;
     uint64_t block;
     int reread, spread;
+    int engine;            /* the engine's reader and I/O threads (--io, --io-threads) instead of kind, threads */
+    int experts;           /* random expert spans instead of blocks, one reader call each, as the engine reads */
 } probe_pattern;
 
 static const probe_pattern probe_patterns[PROBE_PATTERNS] = {
-    {"pread pool, 8 threads x 8 MiB", IO_KIND_PREAD, 8, 8u << 20, 0, 0},
-    {"pread pool, 8 threads x 16 MiB", IO_KIND_PREAD, 8, 16u << 20, 0, 0},
-    {"io_uring, 8 threads x 16 MiB (1 MiB requests)", IO_KIND_URING, 8, 16u << 20, 0, 0},
-    {"io_uring, 16 threads x 8 MiB (1 MiB requests)", IO_KIND_URING, 16, 8u << 20, 0, 0},
-    {"io_uring, 8 threads x 16 MiB, re-reading the previous region", IO_KIND_URING, 8, 16u << 20, 1, 0},
-    {"io_uring, 16 threads x 8 MiB, spread over all shards", IO_KIND_URING, 16, 8u << 20, 0, 1},
+    {"pread pool, 8 threads x 8 MiB", IO_KIND_PREAD, 8, 8u << 20, 0, 0, 0, 0},
+    {"pread pool, 8 threads x 16 MiB", IO_KIND_PREAD, 8, 16u << 20, 0, 0, 0, 0},
+    {"io_uring, 8 threads x 16 MiB (1 MiB requests)", IO_KIND_URING, 8, 16u << 20, 0, 0, 0, 0},
+    {"io_uring, 16 threads x 8 MiB (1 MiB requests)", IO_KIND_URING, 16, 8u << 20, 0, 0, 0, 0},
+    {"io_uring, 8 threads x 16 MiB, re-reading the previous region", IO_KIND_URING, 8, 16u << 20, 1, 0, 0, 0},
+    {"io_uring, 16 threads x 8 MiB, spread over all shards", IO_KIND_URING, 16, 8u << 20, 0, 1, 0, 0},
+    {"the engine's spine reads: 8 MiB pieces, its reader and I/O threads", 0, 0, 8u << 20, 0, 0, 1, 0},
+    {"the engine's expert reads: random expert spans, its reader and I/O threads", 0, 0, 0, 0, 0, 1, 1},
 };
+
+typedef struct probe_span {
+    int file;
+    uint64_t off, len;
+} probe_span;
 
 typedef struct probe_disk {
     int n;
@@ -56,6 +70,9 @@ typedef struct probe_disk {
     uint64_t last_off;
     double gbps[PROBE_PATTERNS + 1];   /* per pattern; [PROBE_PATTERNS]: the best pattern again after decoding */
     uint64_t bytes;        /* read by all probes */
+    probe_span *spans;     /* every routed expert's span, shuffled */
+    int n_spans, next_span;
+    int eng_kind, eng_threads;   /* the engine's reader (--io, --io-threads) */
 } probe_disk;
 
 typedef struct probe_job {
@@ -102,18 +119,114 @@ static void probe_free(probe_disk *p) {
     for (int i = 0; i < p->n; i++) free(p->paths[i]);
     free(p->paths);
     free(p->sizes);
+    free(p->spans);
+}
+
+/* Every routed expert's span: the tensors named "...experts.N.*" of one shard (adjacent in the header's name
+ * order) from the first byte to the last, in a fixed pseudo-random order. */
+static void probe_find_experts(probe_disk *p) {
+    int cap = 0;
+    for (int f = 0; f < p->n; f++) {
+        st_file sf;
+        df_error e;
+        if (st_file_open(&sf, p->paths[f], &e)) continue;
+        for (int i = 0; i < sf.n_tensors;) {
+            const char *nm = sf.tensors[i].name, *x = strstr(nm, ".experts.");
+            if (!x) {
+                i++;
+                continue;
+            }
+            size_t plen = (size_t)(x + 9 - nm);
+            while (nm[plen] >= '0' && nm[plen] <= '9') plen++;
+            uint64_t lo = UINT64_MAX, hi = 0;
+            int j = i;
+            for (; j < sf.n_tensors && !strncmp(sf.tensors[j].name, nm, plen) && sf.tensors[j].name[plen] == '.'; j++) {
+                uint64_t off = st_tensor_offset(&sf, &sf.tensors[j]);
+                lo = DF_MIN(lo, off);
+                hi = DF_MAX(hi, off + sf.tensors[j].end - sf.tensors[j].begin);
+            }
+            if (j == i) j++;
+            else {
+                if (p->n_spans == cap) {
+                    cap = cap ? 2 * cap : 256;
+                    p->spans = xrealloc(p->spans, sizeof *p->spans * (size_t)cap);
+                }
+                p->spans[p->n_spans++] = (probe_span){f, lo, hi - lo};
+            }
+            i = j;
+        }
+        st_file_close(&sf);
+    }
+    uint64_t x = 0x2545F4914F6CDD1Dull;
+    for (int i = p->n_spans - 1; i > 0; i--) {
+        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
+        int k = (int)(x % (uint64_t)(i + 1));
+        probe_span t = p->spans[i];
+        p->spans[i] = p->spans[k], p->spans[k] = t;
+    }
+}
+
+/* Runs the jobs (file, off, len set) all at once through the engine's reader of this kind on a pool of this
+ * many threads, buffers shared round-robin by thread (contents are thrown away, only timing matters); GB/s,
+ * or -1. */
+static double probe_exec(probe_disk *p, const probe_pattern *pat, int kind, int threads, probe_job *jobs, int n_jobs,
+                         uint64_t buf_bytes, char *err, size_t cap) {
+    io_source *src = NULL;
+    df_error e;
+    io_local_opts lo = {1, kind};
+    if (io_local_open_ex(&src, p->n, (const char *const *)p->paths, &lo, &e))
+        return snprintf(err, cap, "%s", e.msg), -1;
+    uint8_t *mem = io_mem_alloc((size_t)threads * buf_bytes);
+    for (int i = 0; i < threads; i++) ((volatile uint8_t *)mem)[(size_t)i * buf_bytes] = 0;
+    io_pool *pool = io_pool_new(threads);
+    io_latch *latch = io_latch_new();
+    int failed = 0;
+    for (int i = 0; i < n_jobs; i++) {
+        jobs[i].src = src;
+        jobs[i].buf = mem + (size_t)(i % threads) * buf_bytes;
+        jobs[i].latch = latch;
+        jobs[i].failed = &failed;
+    }
+    io_latch_add(latch, n_jobs);
+    double t0 = df_now();
+    for (int i = 0; i < n_jobs; i++) io_pool_submit(pool, IO_PRIO_HIGH, probe_job_run, &jobs[i]);
+    io_latch_wait(latch);
+    double dt = df_now() - t0;
+    uint64_t bytes = atomic_load(&src->bytes);
+    p->bytes += bytes;
+    io_pool_free(pool);
+    io_latch_free(latch);
+    io_mem_free(mem, (size_t)threads * buf_bytes);
+    io_source_free(src);
+    if (failed) return snprintf(err, cap, "a read failed during the disk probe (%s)", pat->name), -1;
+    return n_jobs ? (double)bytes / dt / 1e9 : 0.0;
+}
+
+/* About `limit` bytes of expert spans not read by an earlier run of this pattern, each one read as the engine
+ * reads an expert (one call of its reader per span), as many in flight as the engine has I/O threads. */
+static double probe_experts(probe_disk *p, const probe_pattern *pat, uint64_t limit, char *err, size_t cap) {
+    probe_job *jobs = xcalloc((size_t)p->n_spans + 1, sizeof *jobs);
+    uint64_t got = 0, buf = IO_ALIGN;
+    int n_jobs = 0;
+    for (int k = 0; k < p->n_spans && got < limit; k++) {
+        const probe_span *sp = &p->spans[(p->next_span + k) % p->n_spans];
+        jobs[n_jobs++] = (probe_job){.file = sp->file, .off = sp->off, .len = sp->len};
+        got += sp->len;
+        buf = DF_MAX(buf, io_span_bytes(sp->off, sp->len));
+    }
+    p->next_span = p->n_spans ? (p->next_span + n_jobs) % p->n_spans : 0;
+    double r = probe_exec(p, pat, p->eng_kind, p->eng_threads, jobs, n_jobs, buf, err, cap);
+    free(jobs);
+    return r;
 }
 
 /* Reads about `limit` bytes in consecutive blocks across the shards (continuing where the last pattern
  * stopped, so no pattern re-reads what another just read) with every block in flight at once on the pool;
  * returns GB/s, or -1. */
 static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit, char *err, size_t cap) {
-    io_source *src = NULL;
-    df_error e;
-    io_local_opts lo = {1, pat->kind};
-    if (io_local_open_ex(&src, p->n, (const char *const *)p->paths, &lo, &e))
-        return snprintf(err, cap, "%s", e.msg), -1;
-    int n_jobs = (int)DF_MAX(limit / pat->block, (uint64_t)pat->threads);
+    if (pat->experts) return probe_experts(p, pat, limit, err, cap);
+    int kind = pat->engine ? p->eng_kind : pat->kind, threads = pat->engine ? p->eng_threads : pat->threads;
+    int n_jobs = (int)DF_MAX(limit / pat->block, (uint64_t)threads);
     probe_job *jobs = xcalloc((size_t)n_jobs, sizeof *jobs);
     if (pat->reread) {
         p->file = p->last_file;
@@ -121,11 +234,7 @@ static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit,
     }
     p->last_file = p->file;
     p->last_off = p->off;
-    uint8_t *mem = io_mem_alloc((size_t)pat->threads * (pat->block + IO_ALIGN));
-    for (int i = 0; i < pat->threads; i++) ((volatile uint8_t *)mem)[(size_t)i * (pat->block + IO_ALIGN)] = 0;
-    io_pool *pool = io_pool_new(pat->threads);
-    io_latch *latch = io_latch_new();
-    int failed = 0, skipped = 0;
+    int skipped = 0;
     for (int i = 0; i < n_jobs; i++) {
         while (p->off + pat->block > p->sizes[p->file] && skipped <= p->n) {   /* next shard big enough */
             p->file = (p->file + 1) % p->n;
@@ -141,33 +250,19 @@ static double probe_run(probe_disk *p, const probe_pattern *pat, uint64_t limit,
             uint64_t at = p->off;
             for (int f = 0; f < p->n && i < n_jobs; f++) {
                 if (at + pat->block > p->sizes[f]) continue;
-                uint8_t *buf = mem + (size_t)(i % pat->threads) * (pat->block + IO_ALIGN);
-                jobs[i++] = (probe_job){src, f, at, pat->block, buf, latch, &failed};
+                jobs[i++] = (probe_job){.file = f, .off = at, .len = pat->block};
             }
             i--;
             p->off += pat->block;
             continue;
         }
-        /* buffers are shared round-robin by thread count: contents are thrown away, only timing matters */
-        jobs[i] = (probe_job){src, p->file, p->off, pat->block, mem + (size_t)(i % pat->threads) * (pat->block + IO_ALIGN),
-                              latch, &failed};
+        jobs[i] = (probe_job){.file = p->file, .off = p->off, .len = pat->block};
         p->off += pat->block;
     }
-    io_latch_add(latch, n_jobs);
-    double t0 = df_now();
-    for (int i = 0; i < n_jobs; i++) io_pool_submit(pool, IO_PRIO_HIGH, probe_job_run, &jobs[i]);
-    io_latch_wait(latch);
-    double dt = df_now() - t0;
-    uint64_t bytes = atomic_load(&src->bytes);
-    p->bytes += bytes;
-    io_pool_free(pool);
-    io_latch_free(latch);
-    io_mem_free(mem, (size_t)pat->threads * (pat->block + IO_ALIGN));
+    double r = n_jobs ? probe_exec(p, pat, kind, threads, jobs, n_jobs, pat->block + IO_ALIGN, err, cap) : -1;
     free(jobs);
-    io_source_free(src);
     if (!n_jobs) return snprintf(err, cap, "no shard is larger than %llu bytes", (unsigned long long)pat->block), -1;
-    if (failed) return snprintf(err, cap, "a read failed during the disk probe (%s)", pat->name), -1;
-    return (double)bytes / dt / 1e9;
+    return r;
 }
 
 /* Every pattern once; the best is the disk's bandwidth for this run (the I/O floor's denominator). */
@@ -196,15 +291,23 @@ static int argmax(const float *v, int n) {
 static void usage(FILE *f) {
     fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--json] [--threads N] [storage options]\n"
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
-               "  breakdown, disk bytes per token, cache hit rate, read GB/s and the I/O floor\n"
+               "  breakdown, disk bytes per token, cache hit rate, read GB/s, the I/O floor, the compute-only time\n"
+               "  and s/token / max(floor, compute-only)\n"
                "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
+               "  --reruns R        compute-only time: the last token re-run R times with its experts cached\n"
+               "                    (default 3; 0 skips it)\n"
                "storage options:\n" CLI_STORAGE_USAGE
                "(`deltafin bench kernels` benchmarks the matmul kernels)\n");
 }
 
 typedef struct bench_result {
-    int n, prompt;
+    int n, prompt, lookahead;
     double prefill_s, decode_s, disk_gbps;
+    double compute_s, compute_wall_s;   /* best re-run of the last token: wall minus read waits, and wall */
+    uint64_t compute_disk_bytes;        /* read during that re-run (0 when everything was cached) */
+    int reruns, rerun_same;             /* re-runs done; their logits equal the timed run's */
+    int n_layers;
+    df_layer_lookahead *la;             /* per layer, after decoding */
     probe_disk probe;
     uint64_t rss_peak;
     df_stats s0, s1, s2;     /* after open, after prefill, after decode */
@@ -224,16 +327,23 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     double la_loads = (double)(r->s2.lookahead_loads - r->s1.lookahead_loads);
     uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
              pre_req = r->s1.expert_requests - r->s0.expert_requests;
+    double bound = DF_MAX(floor, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
+    static const char *const la_modes[] = {"auto", "on", "off"};
+    const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
     if (json) {
         printf("{\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
-               "\"floor_ratio\":%.4f,\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
+               "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
+               "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
+               "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
                "\"prefill_unique_experts\":%llu,\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
-               dir, r->n, r->prompt, spt, floor, floor > 0 ? spt / floor : 0, bpt,
+               dir, r->n, r->prompt, spt, floor, r->compute_s, ratio, floor > 0 ? spt / floor : 0, r->compute_wall_s,
+               (unsigned long long)r->compute_disk_bytes, r->reruns, r->rerun_same ? "true" : "false",
+               la_mode, bpt,
                (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n, (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n,
                r->disk_gbps, spt > 0 ? bpt / spt / 1e9 : 0, hit, (unsigned long long)r->rss_peak,
                (unsigned long long)r->s2.mem_budget, r->s2.cache_slots, r->s2.streamed_layers, r->prefill_s,
@@ -246,6 +356,14 @@ static void print_result(const bench_result *r, int json, const char *dir) {
             printf("%s{\"pattern\":\"%s%s\",\"gbps\":%.4f}", i ? "," : "",
                    probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
                    i < PROBE_PATTERNS ? "" : ", after decoding", r->probe.gbps[i]);
+        printf("],\"lookahead_layers\":[");
+        for (int l = 0, k = 0; l < r->n_layers; l++)
+            if (r->la[l].requests || r->la[l].loads)
+                printf("%s{\"layer\":%d,\"requests\":%llu,\"recalled\":%llu,\"recall\":%.4f,\"loads\":%llu,"
+                       "\"reading\":%s}", k++ ? "," : "", l, (unsigned long long)r->la[l].requests,
+                       (unsigned long long)r->la[l].recalled,
+                       r->la[l].requests ? (double)r->la[l].recalled / (double)r->la[l].requests : 0.0,
+                       (unsigned long long)r->la[l].loads, r->la[l].reading ? "true" : "false");
         printf("]}\n");
         return;
     }
@@ -255,37 +373,82 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers,
            r->s2.resident_spine_bytes / 1073741824.0, r->s2.stream_buffer_bytes / 1073741824.0, r->s2.cache_slots,
            r->s2.cache_bytes / 1073741824.0);
-    printf("disk: %.2f GB/s O_DIRECT sequential, best of:", r->disk_gbps);
+    printf("disk: %.2f GB/s O_DIRECT, best of:", r->disk_gbps);
     for (int i = 0; i <= PROBE_PATTERNS; i++)
         printf("%s %s%s %.2f", i ? ";" : "", probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
                i < PROBE_PATTERNS ? "" : " (after decoding)", r->probe.gbps[i]);
     printf(" (%.2f GB probed)\nreader: %s\n", r->probe.bytes / 1e9, r->s2.io_uring ? "io_uring" : "pread pool");
     printf("prefill: %d tokens in %.2f s; experts read %llu (%.2f GB) for %llu unique (layer, expert) needed\n",
            r->prompt, r->prefill_s, (unsigned long long)pre_loads, pre_exp / 1e9, (unsigned long long)pre_req);
-    if (floor > 0)
-        printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (ratio %.2f)\n", r->n, spt, floor, spt / floor);
-    else   /* nothing came from disk: there is no floor to compare with */
-        printf("decode: %d tokens, %.3f s/token; I/O floor 0 (nothing read from disk)\n", r->n, spt);
+    printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (%.2f GB/token at %.2f GB/s); compute-only %.3f "
+           "s/token; s/token / max(floor, compute) = %.2f\n", r->n, spt, floor, bpt / 1e9, r->disk_gbps, r->compute_s,
+           ratio);
+    if (r->reruns)
+        printf("  compute-only: the last token again from its saved state, best of %d: %.3f s wall - read waits, "
+               "%.2f GB read in that run%s; logits %s the timed run's\n", r->reruns, r->compute_wall_s,
+               r->compute_disk_bytes / 1e9, r->compute_disk_bytes ? " (not everything fit the cache)" : "",
+               r->rerun_same ? "identical to" : "DIFFER from");
     printf("  disk %.2f GB/token (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
            (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n / 1e9,
            (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n / 1e9, spt > 0 ? bpt / spt / 1e9 : 0, 100 * hit);
     printf("  per token: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->prof.spine_read / n, r->prof.expert_read / n,
            r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
-    if (r->s2.lookahead_requests || la_loads)
-        printf("  look-ahead: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n", 100 * recall,
-               la_loads / n);
+    if (r->s2.lookahead_requests || la_loads) {
+        printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n  ",
+               la_mode, 100 * recall, la_loads / n);
+        for (int l = 0, k = 0; l < r->n_layers; l++)
+            if (r->la[l].requests || r->la[l].loads)
+                printf("%s L%d %.0f%%%s", k++ ? "," : "recall per layer (* = guesses read at the end):", l,
+                       r->la[l].requests ? 100.0 * (double)r->la[l].recalled / (double)r->la[l].requests : 0.0,
+                       r->la[l].reading ? "*" : "");
+        printf("\n");
+    }
     printf("  peak RSS %.2f GiB\n", r->rss_peak / 1073741824.0);
 }
 
+/* The compute-only time: the last decode token evaluated again, `reruns` times, from the state saved before
+ * it, so its experts are the ones just read (cached, if the cache holds one token's experts); each run's wall
+ * time minus whatever it still waited for reads (a streamed spine is re-read every pass), the best run kept.
+ * Its logits must equal the timed run's (want). */
+static int bench_rerun(df_engine *eng, df_session *s, const df_session *saved, int32_t tok, const float *want, int V,
+                       int reruns, bench_result *r, df_error *err) {
+    float *got = xmalloc((size_t)V * sizeof(float));
+    int rc = DF_OK;
+    r->rerun_same = 1;
+    for (int k = 0; !rc && k < reruns; k++) {
+        rc = df_session_copy(s, saved, err);
+        df_stats a, b;
+        df_profile pp;
+        df_engine_profile_reset(eng);
+        df_engine_stats(eng, &a);
+        double t = df_now();
+        if (!rc) rc = df_session_eval(s, &tok, 1, got, 0, err);
+        double wall = df_now() - t;
+        if (rc) break;
+        df_engine_profile(eng, &pp);
+        df_engine_stats(eng, &b);
+        double comp = DF_MAX(0.0, wall - pp.spine_read - pp.expert_read);
+        if (!k || comp < r->compute_s) {
+            r->compute_s = comp;
+            r->compute_wall_s = wall;
+            r->compute_disk_bytes = b.disk_bytes - a.disk_bytes;
+        }
+        r->rerun_same &= !memcmp(got, want, (size_t)V * sizeof(float));
+        r->reruns++;
+    }
+    free(got);
+    return rc;
+}
+
 int bench_model(int argc, char **argv) {
-    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE };
+    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS };
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, OPT_JSON}, {"prompt", 1, 0, OPT_PROMPT},
                                        {"threads", 1, 0, 't'}, {"probe-gb", 1, 0, OPT_PROBE}, {"help", 0, 0, 'h'},
-                                       CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+                                       {"reruns", 1, 0, OPT_RERUNS}, CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
-    int json = 0, c, n = 8, prompt = 8;
+    int json = 0, c, n = 8, prompt = 8, reruns = BENCH_RERUNS;
     double probe_gb = 1.5;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:h", lo, NULL)) != -1) {
@@ -299,10 +462,15 @@ int bench_model(int argc, char **argv) {
         case OPT_JSON: json = 1; break;
         case OPT_PROMPT: prompt = atoi(optarg); break;
         case OPT_PROBE: probe_gb = atof(optarg); break;
+        case OPT_RERUNS: reruns = atoi(optarg); break;
         default: usage(c == 'h' ? stdout : stderr); return c == 'h' ? 0 : 2;
         }
     }
-    if (n < 1 || prompt < 1 || probe_gb <= 0) {
+    if (optind < argc) {   /* e.g. "--lookahead off", which getopt reads as a bare --lookahead and a word */
+        fprintf(stderr, "deltafin bench: unexpected argument '%s' (options with a value: --opt=VALUE)\n", argv[optind]);
+        return 2;
+    }
+    if (n < 1 || prompt < 1 || probe_gb <= 0 || reruns < 0) {
         usage(stderr);
         return 2;
     }
@@ -311,19 +479,24 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    bench_result r = {.n = n, .prompt = prompt};
+    bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead};
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
-    if (probe_init(&r.probe, opts.model_dir, perr, sizeof perr) || probe_all(&r.probe, probe_limit, perr, sizeof perr)) {
+    int probe_rc = probe_init(&r.probe, opts.model_dir, perr, sizeof perr);
+    r.probe.eng_kind = opts.io_mode;
+    r.probe.eng_threads = opts.io_threads > 0 ? opts.io_threads : 8;
+    if (!probe_rc) probe_find_experts(&r.probe);
+    if (probe_rc || probe_all(&r.probe, probe_limit, perr, sizeof perr)) {
         fprintf(stderr, "deltafin bench: %s\n", perr);
         probe_free(&r.probe);
         return 1;
     }
     df_error err = {0};
     df_engine *eng = NULL;
-    df_session *s = NULL;
+    df_session *s = NULL, *saved = NULL;
     int rc = df_engine_open(&eng, &opts, &err);
     if (!rc) rc = df_session_init(&s, eng, &err);
+    if (!rc && reruns) rc = df_session_init(&saved, eng, &err);
     int V = rc ? 0 : df_engine_info(eng)->vocab_size;
     float *logits = rc ? NULL : xmalloc((size_t)V * sizeof(float));
     int32_t *ids = xmalloc(sizeof *ids * (size_t)(prompt > n ? prompt : n));
@@ -344,14 +517,25 @@ int bench_model(int argc, char **argv) {
     double t1 = df_now();
     for (int i = 0; !rc && i < n; i++) {
         r.tokens[i] = argmax(logits, V);
-        rc = df_session_eval(s, &r.tokens[i], 1, logits, 0, &err);
+        if (saved && i == n - 1) {   /* outside the timed loop's work only by a copy of the state */
+            double tc = df_now();
+            rc = df_session_copy(saved, s, &err);
+            t1 += df_now() - tc;
+        }
+        if (!rc) rc = df_session_eval(s, &r.tokens[i], 1, logits, 0, &err);
     }
     r.decode_s = df_now() - t1;
     if (!rc) {
         df_engine_stats(eng, &r.s2);
         df_engine_profile(eng, &r.prof);
         r.rss_peak = budget_rss_peak();
+        r.n_layers = df_engine_info(eng)->n_layers;
+        r.la = xcalloc((size_t)r.n_layers + 1, sizeof *r.la);
+        for (int l = 0; l < r.n_layers; l++) df_engine_lookahead_layer(eng, l, &r.la[l]);
     }
+    if (!rc && saved) rc = bench_rerun(eng, s, saved, r.tokens[n - 1], logits, V, reruns, &r, &err);
+    df_session_free(saved);
+    saved = NULL;
     df_session_free(s);
     df_engine_free(eng);   /* its memory goes back before the probe allocates buffers again */
     s = NULL;
@@ -371,6 +555,7 @@ int bench_model(int argc, char **argv) {
         fprintf(stderr, "deltafin bench: %s\n", err.msg);
     }
     probe_free(&r.probe);
+    free(r.la);
     free(ids);
     free(r.tokens);
     free(logits);

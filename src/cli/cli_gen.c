@@ -187,6 +187,18 @@ void cli_profile_line(cli_model *m, int index, df_profile *prev) {
     *prev = now;
 }
 
+void cli_lookahead_line(df_engine *eng, FILE *f) {
+    int n = df_engine_info(eng)->n_layers, any = 0;
+    for (int l = 0; l < n; l++) {
+        df_layer_lookahead la;
+        df_engine_lookahead_layer(eng, l, &la);
+        if (!la.requests && !la.loads) continue;
+        fprintf(f, "%s L%d %.0f%%%s", any++ ? "," : "look-ahead recall per layer (* = guesses read now):", l,
+                la.requests ? 100.0 * (double)la.recalled / (double)la.requests : 0.0, la.reading ? "*" : "");
+    }
+    if (any) fputc('\n', f);
+}
+
 int cli_stream_event(void *ctx, const gen_event *ev) {
     cli_stream *o = ctx;
     if (o->ids_only) {

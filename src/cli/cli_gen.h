@@ -4,6 +4,7 @@
 #define DF_CLI_GEN_H
 
 #include <signal.h>
+#include <stdio.h>
 #include "deltafin.h"
 #include "cli_opts.h"
 #include "sample/generate.h"
@@ -76,5 +77,7 @@ void cli_stream_end(cli_stream *o);
 /* Prints one line per generated token: the phase times since the previous call, i.e. of the evaluation
  * that produced this token's logits (the prefill for token 0). */
 void cli_profile_line(cli_model *m, int index, df_profile *prev);
+/* One line of per-layer look-ahead recall (nothing when no layer had a guess scored). */
+void cli_lookahead_line(df_engine *eng, FILE *f);
 
 #endif

@@ -96,10 +96,11 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         }
         return 1;
     case CLI_OPT_LOOKAHEAD:
-        if (!arg || !strcmp(arg, "on")) o->lookahead = 1;
-        else if (!strcmp(arg, "off")) o->lookahead = 0;
+        if (!arg || !strcmp(arg, "on")) o->lookahead = DF_LOOKAHEAD_ON;
+        else if (!strcmp(arg, "off")) o->lookahead = DF_LOOKAHEAD_OFF;
+        else if (!strcmp(arg, "auto")) o->lookahead = DF_LOOKAHEAD_AUTO;
         else {
-            fprintf(stderr, "deltafin: --lookahead: expected on or off, got '%s'\n", arg);
+            fprintf(stderr, "deltafin: --lookahead: expected auto, on or off, got '%s'\n", arg);
             return -1;
         }
         return 1;

@@ -154,6 +154,7 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "prefill %zu tokens in %.2f s (%.1f tokens/s); generated %zu tokens in %.2f s (%.2f tokens/s)\n",
                 prompt.n, t1 - t0, prompt.n / (t1 - t0 + 1e-9), res.ids.n, res.decode_s,
                 res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
+        if (go.profile) cli_lookahead_line(m.eng, stderr);
     }
     tok_ids_free(&res.ids);
     tok_ids_free(&prompt);

@@ -4,7 +4,8 @@
  * sane scale (every byte written: no sparse files), plus config.json and the shard index. K3: one shard for
  * the top-level tensors and layer 0, then one shard per MoE layer holding its experts as contiguous spans
  * (w1, w2, w3 packed + scale, in string order of the expert id, 16 KiB aligned) followed by its spine.
- * Benchmarks use it to get checkpoints larger than RAM. */
+ * Kimi-Linear: the same layout; `--expert-dtype mxfp4` writes its experts as MXFP4 like K3's (3.76 MB per expert
+ * at 48B shapes instead of 14.2 MB in BF16). Benchmarks use it to get checkpoints larger than RAM. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
@@ -40,6 +41,7 @@ typedef struct syn_shard {
 
 typedef struct syn_dims {
     int k3;
+    int mxfp4;           /* routed experts as MXFP4 packed + E8M0 scales (else BF16) */
     int64_t d, vocab, hk, dk, hm, q_lora, kv_lora, nope, rope, vdim, dense_inter, inter, dz, n_shared;
     int layers, experts, topk;
 } syn_dims;
@@ -162,7 +164,7 @@ static void add_experts(syn_shard *s, const syn_dims *D, int i) {
         char p[160];
         snprintf(p, sizeof p, "%smodel.layers.%d.block_sparse_moe.experts.%s.", D->k3 ? "language_model." : "", i,
                  ids[k]);
-        if (D->k3) {
+        if (D->mxfp4) {
             add(s, p, "w1.weight_packed", "U8", G_U8, 2, I, dz / 2, 0);
             add(s, p, "w1.weight_scale", "U8", G_E8M0, 2, I, dz / 32, 0);
             add(s, p, "w2.weight_packed", "U8", G_U8, 2, dz, I / 2, 0);
@@ -307,6 +309,8 @@ static int write_shard(const char *dir, const char *file, const syn_shard *s, ui
     return rc;
 }
 
+static json_t *quant_config(void);
+
 static json_t *make_config(const syn_dims *D) {
     json_t *kda = json_array(), *mla = json_array();
     for (int i = 0; i < D->layers; i++) json_array_append_new(i % 4 == 3 ? mla : kda, json_integer(i + 1));
@@ -351,6 +355,7 @@ static json_t *make_config(const syn_dims *D) {
         json_object_set_new(t, "hidden_act", json_string("silu"));
         json_object_set_new(t, "linear_attn_config", lac);
         json_object_set_new(t, "architectures", json_pack("[s]", "KimiLinearForCausalLM"));
+        if (D->mxfp4) json_object_set_new(t, "quantization_config", quant_config());
         return t;
     }
     json_object_set_new(lac, "use_full_rank_gate", json_true());
@@ -363,7 +368,15 @@ static json_t *make_config(const syn_dims *D) {
     json_object_set_new(t, "routed_expert_hidden_size", json_integer(D->dz));
     json_object_set_new(t, "latent_moe_use_norm", json_true());
     json_object_set_new(t, "attn_res_block_size", json_integer(12));
-    json_t *q = json_pack("{s:s,s:s,s:s,s:{s:{s:[s],s:s,s:{s:i,s:s,s:b,s:s,s:i,s:b,s:s,s:s}}},s:[s,s,s,s,s,s]}",
+    json_t *top = json_pack("{s:s,s:[s],s:o,s:s}", "model_type", "kimi_k3", "architectures",
+                            "KimiK3ForConditionalGeneration", "text_config", t, "dtype", "bfloat16");
+    if (D->mxfp4) json_object_set_new(top, "quantization_config", quant_config());
+    return top;
+}
+
+/* compressed-tensors' description of MXFP4 routed experts (everything else stays BF16). */
+static json_t *quant_config(void) {
+    return json_pack("{s:s,s:s,s:s,s:{s:{s:[s],s:s,s:{s:i,s:s,s:b,s:s,s:i,s:b,s:s,s:s}}},s:[s,s,s,s,s,s]}",
                           "quant_method", "compressed-tensors", "format", "mxfp4-pack-quantized",
                           "quantization_status", "compressed", "config_groups", "group_0", "targets", "Linear",
                           "format", "mxfp4-pack-quantized", "weights", "num_bits", 4, "type", "float", "symmetric", 1,
@@ -371,20 +384,19 @@ static json_t *make_config(const syn_dims *D) {
                           "torch.uint8", "ignore", "lm_head", "re:.*self_attn.*", "re:.*mlp\\..*",
                           "re:.*shared_experts.*", "re:.*block_sparse_moe\\.gate$",
                           "re:.*routed_expert_(down|up)_proj$");
-    return json_pack("{s:s,s:[s],s:o,s:o,s:s}", "model_type", "kimi_k3", "architectures",
-                     "KimiK3ForConditionalGeneration", "text_config", t, "quantization_config", q, "dtype", "bfloat16");
 }
 
 int cmd_synth(int argc, char **argv) {
     static const struct option lo[] = {{"family", 1, 0, 'f'}, {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
                                        {"out", 1, 0, 'o'},    {"vocab", 1, 0, 'v'},  {"topk", 1, 0, 'k'},
-                                       {"seed", 1, 0, 's'},   {"help", 0, 0, 'h'},   {0, 0, 0, 0}};
-    const char *family = NULL, *out = NULL;
+                                       {"seed", 1, 0, 's'},   {"help", 0, 0, 'h'},   {"expert-dtype", 1, 0, 'd'},
+                                       {0, 0, 0, 0}};
+    const char *family = NULL, *out = NULL, *edt = NULL;
     int layers = 0, experts = 0, topk = 0, c;
     long long vocab = 163840;
     uint64_t seed = 1;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "f:l:e:o:v:k:s:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "f:l:e:o:v:k:s:d:h", lo, NULL)) != -1) {
         switch (c) {
         case 'f': family = optarg; break;
         case 'l': layers = atoi(optarg); break;
@@ -393,11 +405,13 @@ int cmd_synth(int argc, char **argv) {
         case 'v': vocab = atoll(optarg); break;
         case 'k': topk = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
+        case 'd': edt = optarg; break;
         default:
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR [--vocab V] "
-                    "[--topk K] [--seed S]\n  N decoder layers: layer 0 dense, layers 1..N-1 MoE with E experts "
-                    "each; real hidden sizes and dtypes of the family\n");
+                    "[--topk K] [--seed S] [--expert-dtype bf16|mxfp4]\n  N decoder layers: layer 0 dense, layers "
+                    "1..N-1 MoE with E experts each; real hidden sizes and dtypes of the family; routed experts\n"
+                    "  MXFP4 (K3's default) or BF16 (Kimi-Linear's default)\n");
             return c == 'h' ? 0 : 2;
         }
     }
@@ -406,8 +420,13 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: need --family k3|kimi-linear, --layers N >= 1, --experts E >= 1, -o DIR\n");
         return 2;
     }
-    syn_dims D = k3 ? (syn_dims){1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0}
-                    : (syn_dims){0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0};
+    syn_dims D = k3 ? (syn_dims){1, 1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0}
+                    : (syn_dims){0, 0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0};
+    D.mxfp4 = edt ? !strcmp(edt, "mxfp4") : k3;
+    if (edt && strcmp(edt, "mxfp4") && strcmp(edt, "bf16")) {
+        fprintf(stderr, "deltafin synth: --expert-dtype: expected bf16 or mxfp4, got '%s'\n", edt);
+        return 2;
+    }
     D.layers = layers;
     D.experts = experts;
     D.topk = topk > 0 ? topk : DF_MIN(experts, k3 ? 16 : 8);
@@ -459,7 +478,7 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: failed writing %s\n", out);
         return 1;
     }
-    printf("%s: %s, %d layers, %d experts per MoE layer, top-%d, %.2f GB in %d shards\n", out, k3 ? "kimi_k3" :
-           "kimi_linear", layers, experts, D.topk, total / 1e9, n_shards);
+    printf("%s: %s, %d layers, %d %s experts per MoE layer, top-%d, %.2f GB in %d shards\n", out,
+           k3 ? "kimi_k3" : "kimi_linear", layers, experts, D.mxfp4 ? "MXFP4" : "BF16", D.topk, total / 1e9, n_shards);
     return 0;
 }

@@ -41,8 +41,10 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return DF_EINVAL;
     }
     df_engine *e = xcalloc(1, sizeof *e);
-    store_opts so = {opts->mem_budget, opts->expert_cache_slots, opts->spine_stream, opts->buffered_io,
-                     opts->io_threads, opts->remote_url, opts->io_mode, opts->spine == DF_SPINE_INT8};
+    store_opts so = {.mem_budget = opts->mem_budget, .cache_slots = opts->expert_cache_slots,
+                     .spine_stream = opts->spine_stream, .buffered_io = opts->buffered_io,
+                     .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_mode,
+                     .spine_int8 = opts->spine == DF_SPINE_INT8, .lookahead = opts->lookahead};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -68,7 +70,6 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     e->model.store = e->store;
     e->model.kern = &e->kern;
     e->model.alog_per_channel = opts->alog_per_channel;
-    e->model.lookahead = opts->lookahead;
     e->model.dir = store_dir(e->store);
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
@@ -352,6 +353,10 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->lookahead_loads = ss.hint_loads;
     out->lookahead_requests = ss.hint_requests;
     out->lookahead_recalled = ss.hint_recalled;
+}
+
+void df_engine_lookahead_layer(const df_engine *e, int layer, df_layer_lookahead *out) {
+    store_lookahead_layer(e->store, layer, &out->requests, &out->recalled, &out->loads, &out->reading);
 }
 
 void df_engine_profile(const df_engine *e, df_profile *out) {

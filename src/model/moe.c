@@ -139,70 +139,117 @@ static int expert_check(df_fwd *f, int e, const df_expert *ex) {
     return rc;
 }
 
-/* Runs expert e on the tokens routed to it and adds weight × output into y [T, Dz]. */
-static int expert_apply(df_fwd *f, const df_routing *r, int e, const float *z, int T, float *y) {
-    const df_config *c = &f->m->cfg;
-    int k = c->topk, Dz = config_expert_dim(c);
-    int *rows = xmalloc((size_t)T * sizeof(int));
-    float *w = xmalloc((size_t)T * sizeof(float));
-    int n = 0;
-    for (int t = 0; t < T; t++)
-        for (int j = 0; j < k; j++)
-            if (r->ids[t * k + j] == e) {
-                rows[n] = t;
-                w[n++] = r->wts[t * k + j];
-            }
-    df_expert ex;
-    double t0 = df_now();
-    int rc = store_expert_acquire(f->m->store, f->layer, e, &ex, f->err);
-    t0 = model_clock(&f->m->prof.expert_read, t0);
-    if (rc) {
-        free(rows);
-        free(w);
-        return rc;
+/* The tokens of the batch routed to one expert of its union, and that expert's weighted output. */
+typedef struct {
+    int n;
+    int *rows;     /* [n] token rows, ascending */
+    float *w;      /* [n] routing weights */
+    float *out;    /* [n, Dz] weight x expert output; NULL until the expert has run */
+} expert_part;
+
+/* Splits the routing by expert: part[u] lists the tokens routed to r->uniq[u]. */
+static expert_part *expert_parts(const df_config *c, const df_routing *r, int T) {
+    int k = c->topk;
+    int *slot = xmalloc(sizeof *slot * (size_t)c->n_experts);
+    expert_part *p = xcalloc((size_t)r->n_uniq + 1, sizeof *p);
+    for (int u = 0; u < r->n_uniq; u++) slot[r->uniq[u]] = u;
+    for (int i = 0; i < T * k; i++) p[slot[r->ids[i]]].n++;
+    for (int u = 0; u < r->n_uniq; u++) {
+        p[u].rows = xmalloc(sizeof *p[u].rows * (size_t)p[u].n);
+        p[u].w = xmalloc(sizeof *p[u].w * (size_t)p[u].n);
+        p[u].n = 0;
     }
-    rc = expert_check(f, e, &ex);
-    if (!rc) {
-        float *xg = xmalloc((size_t)n * Dz * sizeof(float)), *yo = xmalloc((size_t)n * Dz * sizeof(float));
-        for (int i = 0; i < n; i++) memcpy(xg + (int64_t)i * Dz, z + (int64_t)rows[i] * Dz, Dz * sizeof(float));
-        glu_apply(f, &ex.w1, &ex.w3, &ex.w2, c->moe_inter, xg, n, yo);
-        for (int i = 0; i < n; i++) {
-            float *dst = y + (int64_t)rows[i] * Dz;
-            const float *src = yo + (int64_t)i * Dz;
-            for (int j = 0; j < Dz; j++) dst[j] += w[i] * src[j];
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) {
+            expert_part *q = &p[slot[r->ids[t * k + j]]];
+            q->rows[q->n] = t;
+            q->w[q->n++] = r->wts[t * k + j];
         }
-        free(xg);
-        free(yo);
+    free(slot);
+    return p;
+}
+
+static void expert_parts_free(expert_part *p, int n) {
+    for (int u = 0; p && u < n; u++) {
+        free(p[u].rows);
+        free(p[u].w);
+        free(p[u].out);
+    }
+    free(p);
+}
+
+/* Runs expert e on its tokens, keeping weight x output in p->out. */
+static int expert_run(df_fwd *f, int e, const df_expert *ex, expert_part *p, const float *z) {
+    const df_config *c = &f->m->cfg;
+    int Dz = config_expert_dim(c);
+    int rc = expert_check(f, e, ex);
+    if (rc) return rc;
+    float *xg = xmalloc((size_t)p->n * Dz * sizeof(float));
+    p->out = xmalloc((size_t)p->n * Dz * sizeof(float));
+    for (int i = 0; i < p->n; i++) memcpy(xg + (int64_t)i * Dz, z + (int64_t)p->rows[i] * Dz, Dz * sizeof(float));
+    glu_apply(f, &ex->w1, &ex->w3, &ex->w2, c->moe_inter, xg, p->n, p->out);
+    for (int i = 0; i < p->n; i++)
+        for (int j = 0; j < Dz; j++) p->out[(int64_t)i * Dz + j] *= p->w[i];
+    free(xg);
+    return DF_OK;
+}
+
+/* Runs the batch's experts in the order storage delivers them (compute on early arrivals overlaps the reads
+ * of the rest), then adds their outputs into y [T, Dz] in ascending expert order: float addition is not
+ * associative, so a fixed order keeps results independent of arrival order, cache state and read-ahead. */
+static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, float *y) {
+    int Dz = config_expert_dim(&f->m->cfg), rc = DF_OK;
+    expert_part *p = expert_parts(&f->m->cfg, r, T);
+    uint8_t *done = xcalloc((size_t)r->n_uniq + 1, 1);
+    for (int got = 0; !rc && got < r->n_uniq; got++) {
+        df_expert ex;
+        int u = -1;
+        double t0 = df_now();
+        rc = store_expert_acquire_next(f->m->store, f->layer, r->uniq, r->n_uniq, done, &u, &ex, f->err);
+        t0 = model_clock(&f->m->prof.expert_read, t0);
+        if (rc) break;
+        rc = expert_run(f, r->uniq[u], &ex, &p[u], z);
+        store_expert_release(f->m->store, f->layer, r->uniq[u]);
         model_clock(&f->m->prof.expert_compute, t0);
     }
-    store_expert_release(f->m->store, f->layer, e);
-    free(rows);
-    free(w);
+    for (int u = 0; !rc && u < r->n_uniq; u++)
+        for (int i = 0; i < p[u].n; i++) {
+            float *dst = y + (int64_t)p[u].rows[i] * Dz;
+            const float *src = p[u].out + (int64_t)i * Dz;
+            for (int j = 0; j < Dz; j++) dst[j] += src[j];
+        }
+    free(done);
+    expert_parts_free(p, r->n_uniq);
     return rc;
 }
 
-/* ---- look-ahead (optional, df_engine_opts.lookahead) ----------------------------------------------- */
+/* ---- look-ahead (df_engine_opts.lookahead) -------------------------------------------------------- */
 
-/* Guesses layer i+1's experts while layer i runs and hints storage to read them early. The residual stream
- * changes little across one layer, so layer i+1's router (the same scoring and top-k as route_batch) applied
- * to layer i's MoE input, re-normalised with layer i+1's post-attention norm weight instead of layer i's,
- * names most of what layer i+1 will ask for. It only reads ahead: routing and results are untouched, its
- * failures are ignored (the real pass reports them), and it never waits for layer i+1's spine. */
-static void moe_lookahead(df_fwd *f, const float *x, int T) {
+/* Guesses layer i+1's experts while layer i runs and hints storage, which decides whether to read them early
+ * (readahead.h) and scores the guess against what layer i+1 asks for. The residual stream changes little
+ * across one layer, so layer i+1's router (the same scoring and top-k as route_batch) applied to layer i's MoE
+ * input, re-normalised with layer i+1's post-attention norm weight instead of layer i's, names most of what
+ * layer i+1 will ask for. It only reads ahead: routing and results are untouched, its failures are ignored
+ * (the real pass reports them), and it never waits for layer i+1's spine. Returns 1 when it made a guess or
+ * storage wants none. */
+static int moe_lookahead(df_fwd *f, const float *x, int T) {
     const df_config *c = &f->m->cfg;
     int next = f->layer + 1, d = c->d;
-    if (!f->m->lookahead || next >= c->n_layers || c->ffn[next] != FFN_MOE) return;
+    if (next >= c->n_layers || c->ffn[next] != FFN_MOE) return 1;
+    int plan = store_lookahead_plan(f->m->store, next);
+    if (!plan) return 1;
     df_error err = {0};
     df_fwd cur = {f->m, f->L, f->layer, &err}, nf = {f->m, NULL, next, &err};
     store_layer_peek(f->m->store, next, &nf.L);
-    if (!nf.L) return;
+    if (!nf.L) return 0;
     float *wi = fwd_vec(&cur, "post_attention_layernorm.weight", d, 1);
     float *wn = wi ? fwd_vec(&nf, "post_attention_layernorm.weight", d, 1) : NULL;
     df_routing r = {0};
     if (wn) {
         float *xs = xmalloc((size_t)T * d * sizeof(float));
         for (int64_t i = 0; i < (int64_t)T * d; i++) xs[i] = wi[i % d] != 0.0f ? x[i] / wi[i % d] * wn[i % d] : 0.0f;
-        if (route_batch(&nf, xs, T, &r) == DF_OK) store_experts_hint(f->m->store, next, r.uniq, r.n_uniq);
+        if (route_batch(&nf, xs, T, &r) == DF_OK)
+            store_experts_hint(f->m->store, next, r.uniq, r.n_uniq, plan == STORE_LOOKAHEAD_READ);
         free(xs);
     }
     store_layer_release(f->m->store, nf.L);
@@ -211,6 +258,7 @@ static void moe_lookahead(df_fwd *f, const float *x, int T) {
     free(r.ids);
     free(r.wts);
     free(r.uniq);
+    return 1;
 }
 
 /* Latent projections of K3's MoE (absent for Kimi-Linear). */
@@ -231,6 +279,9 @@ static int latent_get(df_fwd *f, latent_weights *lw) {
     return DF_OK;
 }
 
+/* Routing first, then the reads are issued; everything that needs no routed expert (the next layer's guess,
+ * the shared experts, the latent down-projection) runs while they are in flight, then the routed experts in
+ * arrival order. */
 int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     int Dz = config_expert_dim(c);
@@ -239,28 +290,30 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     int rc = latent_get(f, &lw);
     if (!rc) rc = route_batch(f, x, T, &r);
     if (!rc) rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
-    if (!rc) moe_lookahead(f, x, T);
-    float *z = NULL, *y = NULL;
-    if (!rc) {
-        if (lw.down) {
-            z = xmalloc((size_t)T * Dz * sizeof(float));
-            kern_matmul(f->m->kern, lw.down, x, T, z);
-        }
-        y = xcalloc((size_t)T * Dz, sizeof(float));
-        for (int i = 0; !rc && i < r.n_uniq; i++) rc = expert_apply(f, &r, r.uniq[i], z ? z : x, T, y);
+    int guessed = 0;
+    if (!rc) guessed = moe_lookahead(f, x, T);
+    float *z = NULL, *y = NULL, *sh = NULL;
+    if (!rc && c->n_shared > 0) {
+        sh = xmalloc((size_t)T * c->d * sizeof(float));
+        rc = ffn_dense_forward(f, "block_sparse_moe.shared_experts.", c->moe_inter * c->n_shared, x, T, sh);
     }
+    if (!rc && lw.down) {
+        z = xmalloc((size_t)T * Dz * sizeof(float));
+        kern_matmul(f->m->kern, lw.down, x, T, z);
+    }
+    if (!rc) {
+        y = xcalloc((size_t)T * Dz, sizeof(float));
+        rc = experts_apply(f, &r, z ? z : x, T, y);
+    }
+    if (!rc && !guessed) moe_lookahead(f, x, T);   /* the next layer's spine may have arrived meanwhile */
     if (!rc && lw.up) {
         for (int t = 0; lw.norm && t < T; t++) kern_rmsnorm(y + (int64_t)t * Dz, y + (int64_t)t * Dz, lw.norm, Dz, c->eps);
         kern_matmul(f->m->kern, lw.up, y, T, out);
     } else if (!rc) {
         memcpy(out, y, (size_t)T * c->d * sizeof(float));
     }
-    if (!rc && c->n_shared > 0) {
-        float *sh = xmalloc((size_t)T * c->d * sizeof(float));
-        rc = ffn_dense_forward(f, "block_sparse_moe.shared_experts.", c->moe_inter * c->n_shared, x, T, sh);
-        for (int64_t i = 0; !rc && i < (int64_t)T * c->d; i++) out[i] += sh[i];
-        free(sh);
-    }
+    for (int64_t i = 0; !rc && sh && i < (int64_t)T * c->d; i++) out[i] += sh[i];
+    free(sh);
     free(z);
     free(y);
     free(lw.norm);

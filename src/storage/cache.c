@@ -42,6 +42,7 @@ struct ecache {
     int loading;
     uint8_t *hinted;     /* key -> named by the layer's last hint */
     uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
+    ecache_hint_stats *lh; /* per layer */
     ecache_stats st;
 };
 
@@ -66,6 +67,7 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
         c->slots[i] = (ec_slot){.c = c, .layer = -1, .e = -1, .mem = c->mem + (size_t)i * slot_bytes};
     c->hinted = xcalloc((size_t)c->base[n_layers] + 1, 1);
     c->hint_layer = xcalloc((size_t)n_layers + 1, 1);
+    c->lh = xcalloc((size_t)n_layers + 1, sizeof *c->lh);
     c->pool = pool;
     c->load = load;
     c->ctx = ctx;
@@ -88,6 +90,7 @@ void ecache_free(ecache *c) {
     free(c->pq_ids);
     free(c->hinted);
     free(c->hint_layer);
+    free(c->lh);
     free(c);
 }
 
@@ -169,21 +172,29 @@ static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
     if (!c->hint_layer[layer]) return;
     c->hint_layer[layer] = 0;
     c->st.hint_requests += (uint64_t)n;
-    for (int i = 0; i < n; i++) c->st.hint_recalled += c->hinted[ec_key(c, layer, ids[i])];
+    c->lh[layer].requests += (uint64_t)n;
+    for (int i = 0; i < n; i++) {
+        uint8_t named = c->hinted[ec_key(c, layer, ids[i])];
+        c->st.hint_recalled += named;
+        c->lh[layer].recalled += named;
+    }
+    for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++) c->lh[layer].guessed += c->hinted[k];
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
 }
 
-void ecache_hint(ecache *c, int layer, const int *ids, int n) {
+void ecache_hint(ecache *c, int layer, const int *ids, int n, int read) {
     pthread_mutex_lock(&c->mu);
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
     c->hint_layer[layer] = 1;
     for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
-    for (int i = 0; i < n; i++) {
+    c->lh[layer].read_hints += read != 0;
+    for (int i = 0; read && i < n; i++) {
         if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
         int v = ec_victim(c, 0);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, layer, ids[i]);
         c->st.hint_loads++;
+        c->lh[layer].loads++;
         io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
     }
     pthread_mutex_unlock(&c->mu);
@@ -192,6 +203,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n) {
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     pthread_mutex_lock(&c->mu);
     ec_hint_score(c, layer, ids, n);
+    c->lh[layer].passes++;
     for (int i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
     if (n > c->pq_cap) {
         c->pq_cap = n;
@@ -251,6 +263,60 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
     }
 }
 
+int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *done, int *which, df_expert *out,
+                        df_error *err) {
+    pthread_mutex_lock(&c->mu);
+    int waited = 0;
+    for (;;) {
+        int loading = 0, unbound = -1;
+        for (int i = 0; i < n; i++) {
+            if (done[i]) continue;
+            int k = c->map[ec_key(c, layer, ids[i])];
+            ec_slot *s = k >= 0 ? &c->slots[k] : NULL;
+            if (!s) {
+                if (unbound < 0) unbound = i;
+                continue;
+            }
+            if (s->state == SLOT_LOADING) {
+                loading++;
+                continue;
+            }
+            done[i] = 1;
+            *which = i;
+            if (s->state == SLOT_ERROR) {
+                int code = s->err.code;
+                *err = s->err;
+                ec_unbind(c, s);
+                pthread_cond_broadcast(&c->cv);
+                pthread_mutex_unlock(&c->mu);
+                return code;
+            }
+            if (!s->wanted && !waited) c->st.hits++;
+            s->wanted = 0;
+            s->pins++;
+            s->stamp = ++c->clock;
+            *out = s->view;
+            pthread_mutex_unlock(&c->mu);
+            return DF_OK;
+        }
+        double t0 = df_now();
+        if (!loading) {   /* nothing on its way (not prefetched, or evicted): read one here */
+            pthread_mutex_unlock(&c->mu);
+            DF_ASSERT(unbound >= 0);
+            done[unbound] = 1;
+            *which = unbound;
+            int rc = ecache_acquire(c, layer, ids[unbound], out, err);
+            pthread_mutex_lock(&c->mu);
+            c->lh[layer].wait_s += df_now() - t0;
+            pthread_mutex_unlock(&c->mu);
+            return rc;
+        }
+        if (!waited++) c->st.waits++;
+        pthread_cond_wait(&c->cv, &c->mu);
+        c->lh[layer].wait_s += df_now() - t0;
+    }
+}
+
 void ecache_release(ecache *c, int layer, int e) {
     pthread_mutex_lock(&c->mu);
     int i = c->map[ec_key(c, layer, e)];
@@ -258,6 +324,12 @@ void ecache_release(ecache *c, int layer, int e) {
     c->slots[i].pins--;
     ec_top_up(c);
     pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_hint_layer(ecache *c, int layer, ecache_hint_stats *out) {
+    pthread_mutex_lock(&c->mu);
+    *out = c->lh[layer];
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -31,17 +31,33 @@ typedef struct ecache_stats {
     size_t slot_bytes;
 } ecache_stats;
 
+/* Look-ahead for one layer: experts it asked for while a guess for it was pending, how many of them the guess
+ * named, how many the scored guesses named in all (recalled / guessed = precision), guessed reads started,
+ * guesses hinted for reading; and what the guesses are meant to shrink: the layer's prefetches (passes) and
+ * the seconds ecache_acquire_next waited for its experts. */
+typedef struct ecache_hint_stats {
+    uint64_t requests, recalled, guessed, loads, read_hints, passes;
+    double wait_s;
+} ecache_hint_stats;
+
 ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,
                    ecache_load_fn load, void *ctx);
 /* Waits for reads in flight, then frees the bank. */
 void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
-/* Low-priority guess (next-layer look-ahead): reads those of these experts that are not cached into slots
- * that hold nothing wanted or pinned, at low I/O priority; they stay ordinary LRU entries. Leaves the prefetch
- * list alone. The next prefetch of this layer counts how many of its experts the hint named (recall). */
-void ecache_hint(ecache *c, int layer, const int *ids, int n);
+/* Low-priority guess (next-layer look-ahead): with read, reads those of these experts that are not cached into
+ * slots that hold nothing wanted or pinned, at low I/O priority; they stay ordinary LRU entries. Leaves the
+ * prefetch list alone. Read or not, the next prefetch of this layer counts how many of its experts the hint
+ * named (recall). */
+void ecache_hint(ecache *c, int layer, const int *ids, int n, int read);
+void ecache_hint_layer(ecache *c, int layer, ecache_hint_stats *out);
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);
+/* Acquires whichever of these experts of this layer not yet marked in done[] is ready first (waiting while any
+ * is being read; reading one here when none is on its way), marks it and sets *which to its index in ids. On
+ * an error *which names the expert that failed. */
+int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *done, int *which, df_expert *out,
+                        df_error *err);
 void ecache_release(ecache *c, int layer, int e);
 void ecache_get_stats(ecache *c, ecache_stats *out);
 

@@ -312,6 +312,8 @@ struct io_pool {
     int stop;
     int n;
     pthread_t *threads;
+    int active;                /* jobs running */
+    double busy_since, busy_s; /* time with at least one job running (look-ahead's disk utilisation) */
 };
 
 static void *io_pool_main(void *arg) {
@@ -327,10 +329,12 @@ static void *io_pool_main(void *arg) {
         io_job *j = p->head[q];
         p->head[q] = j->next;
         if (!p->head[q]) p->tail[q] = NULL;
+        if (p->active++ == 0) p->busy_since = df_now();
         pthread_mutex_unlock(&p->mu);
         j->fn(j->arg);
         free(j);
         pthread_mutex_lock(&p->mu);
+        if (--p->active == 0) p->busy_s += df_now() - p->busy_since;
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -370,6 +374,13 @@ void io_pool_submit(io_pool *p, int prio, void (*fn)(void *), void *arg) {
     p->tail[prio] = j;
     pthread_cond_signal(&p->cv);
     pthread_mutex_unlock(&p->mu);
+}
+
+double io_pool_busy_seconds(io_pool *p) {
+    pthread_mutex_lock(&p->mu);
+    double s = p->busy_s + (p->active ? df_now() - p->busy_since : 0.0);
+    pthread_mutex_unlock(&p->mu);
+    return s;
 }
 
 struct io_latch {

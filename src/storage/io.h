@@ -68,6 +68,8 @@ enum { IO_PRIO_HIGH = 0, IO_PRIO_LOW = 1 };
 io_pool *io_pool_new(int n_threads);
 void io_pool_free(io_pool *p);
 void io_pool_submit(io_pool *p, int prio, void (*fn)(void *arg), void *arg);
+/* Seconds since the pool started during which at least one job was running (reads in flight). */
+double io_pool_busy_seconds(io_pool *p);
 
 /* A countdown that a submitter waits on while pool jobs finish. */
 typedef struct io_latch io_latch;

@@ -26,6 +26,7 @@
 #include "safetensors.h"
 #include "spine.h"
 #include "int8_spine.h"
+#include "readahead.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -103,6 +104,7 @@ struct df_store {
     io_source *src_expert, *src_spine;
     io_pool *pool;
     ecache *cache;
+    readahead *ra;                   /* look-ahead policy */
     spine *spine;                    /* NULL: spine served from the mappings */
     int *global_region;              /* globals -> region of the top-level unit, -1 for mapped ones */
     uint64_t slot_bytes, reserve_bytes;
@@ -727,6 +729,7 @@ static int store_expert_load(void *ctx, int layer, int e, uint8_t *slot, df_expe
     char what[96];
     snprintf(what, sizeof what, "expert %d of layer %d", e, layer);
     io_source *src = st->src_expert;
+    if (st->opts.test_before_read) st->opts.test_before_read(st->opts.test_ctx, layer, e);
     if (x->one_read) {
         int rc = src->read(src, x->loc.shard, x->loc.offset, x->loc.length, slot, what, err);
         if (rc) return rc;
@@ -918,6 +921,7 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
     if (!rc) rc = store_build_experts(st, err);
     if (!rc) rc = store_open_io(st, err);
     if (!rc) rc = store_plan(st, err);
+    if (!rc) st->ra = readahead_new(st->n_layers, st->opts.lookahead, st->cache, st->pool);
     free(refs.v);
     if (rc) {
         store_free(st);
@@ -929,6 +933,7 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
 
 void store_free(df_store *st) {
     if (!st) return;
+    readahead_free(st->ra);
     ecache_free(st->cache);
     spine_free(st->spine);
     io_pool_free(st->pool);
@@ -1063,18 +1068,39 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
     return DF_OK;
 }
 
-void store_experts_hint(df_store *st, int layer, const int *ids, int n) {
+int store_lookahead_plan(df_store *st, int layer) {
+    return store_expert_count(st, layer) ? readahead_plan(st->ra, layer) : STORE_LOOKAHEAD_SKIP;
+}
+
+void store_experts_hint(df_store *st, int layer, const int *ids, int n, int read) {
     int *ok = xmalloc(sizeof *ok * ((size_t)n + 1)), m = 0;
     for (int i = 0; i < n; i++)
         if (store_expert_locate(st, layer, ids[i])) ok[m++] = ids[i];
-    if (m) ecache_hint(st->cache, layer, ok, m);
+    if (m) ecache_hint(st->cache, layer, ok, m, read);
     free(ok);
+}
+
+void store_lookahead_layer(df_store *st, int layer, uint64_t *requests, uint64_t *recalled, uint64_t *loads,
+                           int *reading) {
+    ecache_hint_stats h = {0};
+    if (st->cache && store_expert_count(st, layer)) ecache_hint_layer(st->cache, layer, &h);
+    *requests = h.requests, *recalled = h.recalled, *loads = h.loads;
+    *reading = store_expert_count(st, layer) && readahead_reading(st->ra, layer);
 }
 
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
     int rc = store_expert_check_range(st, layer, e, err);
     if (rc) return rc;
     return ecache_acquire(st->cache, layer, e, out, err);
+}
+
+int store_expert_acquire_next(df_store *st, int layer, const int *ids, int n, uint8_t *done, int *which,
+                              df_expert *out, df_error *err) {
+    for (int i = 0; i < n; i++) {
+        int rc = done[i] ? DF_OK : store_expert_check_range(st, layer, ids[i], err);
+        if (rc) return *which = i, rc;
+    }
+    return ecache_acquire_next(st->cache, layer, ids, n, done, which, out, err);
 }
 
 void store_expert_release(df_store *st, int layer, int e) {

@@ -33,6 +33,11 @@ typedef struct store_opts {
     const char *remote_url;  /* partial install: fetch missing experts from here (remote.h); NULL = none */
     int io_kind;             /* IO_KIND_* of io.h: 0 = the faster one here, 1 = pread pool, 2 = io_uring */
     int spine_int8;          /* 1: spine matrices from the int8 sidecar (int8_spine.h); an error if it is absent */
+    int lookahead;           /* DF_LOOKAHEAD_*: when guesses of a coming layer's experts are read (readahead.h) */
+    /* Tests only: called on the reading thread before each expert read (e.g. to sleep so that experts arrive in
+     * an order of the test's choosing); NULL in normal use. */
+    void (*test_before_read)(void *ctx, int layer, int e);
+    void *test_ctx;
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -84,10 +89,24 @@ int store_expert_count(const df_store *st, int layer);
 int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err);
 /* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
  * the file and tensor). */
-/* Guess (look-ahead): these experts of a coming layer may be needed; storage reads those not cached into idle
- * slots at low priority, leaving the current prefetch alone. Out-of-range ids are ignored. */
-void store_experts_hint(df_store *st, int layer, const int *ids, int n);
+/* Look-ahead: what the model should do now about guessing this coming layer's experts (readahead.h decides):
+ * nothing, guess and hint without reading (storage measures the guesses' recall), or guess and hint to read. */
+enum { STORE_LOOKAHEAD_SKIP = 0, STORE_LOOKAHEAD_SCORE = 1, STORE_LOOKAHEAD_READ = 2 };
+int store_lookahead_plan(df_store *st, int layer);
+/* Guess (look-ahead): these experts of a coming layer may be needed; with read, storage reads those not cached
+ * into idle slots at low priority, leaving the current prefetch alone. Either way the layer's next prefetch
+ * scores the guess. Out-of-range ids are ignored. */
+void store_experts_hint(df_store *st, int layer, const int *ids, int n, int read);
+/* Per-layer look-ahead counters (df_layer_lookahead of deltafin.h). */
+void store_lookahead_layer(df_store *st, int layer, uint64_t *requests, uint64_t *recalled, uint64_t *loads,
+                           int *reading);
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
+/* Arrival order: acquires whichever of ids[0..n) (this layer's prefetched selection) not yet marked in done[]
+ * is in memory first, waiting only while none is; marks it and sets *which to its index in ids. Call n times
+ * (releasing each as usual) to consume the selection in the order its bytes arrive. On an error *which names
+ * the expert at fault. */
+int store_expert_acquire_next(df_store *st, int layer, const int *ids, int n, uint8_t *done, int *which,
+                              df_expert *out, df_error *err);
 void store_expert_release(df_store *st, int layer, int e);
 
 /* Describes the checkpoint for `deltafin info`: tensors, bytes of spine vs experts, dtypes, expert spans,

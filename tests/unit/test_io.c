@@ -98,7 +98,7 @@ static void test_hint(void) {
     ecache *c = ecache_new(3, ne, 4, IO_ALIGN, pool, fake_load, NULL);
     int cur[2] = {0, 1}, guess[3] = {2, 3, 4}, real[2] = {2, 5};
     ecache_prefetch(c, 0, cur, 2);
-    ecache_hint(c, 1, guess, 3);
+    ecache_hint(c, 1, guess, 3, 1);
     df_expert x;
     df_error err = {0};
     int ok = 1;
@@ -165,8 +165,8 @@ static void test_lookahead(void) {
     df_stats s0, s1;
     df_error err = {0};
     int V0 = 0, V1 = 0;
-    float *off = run_default(0, 12, N, &V0, &s0, &err);
-    float *on = off ? run_default(1, 12, N, &V1, &s1, &err) : NULL;
+    float *off = run_default(DF_LOOKAHEAD_OFF, 12, N, &V0, &s0, &err);
+    float *on = off ? run_default(DF_LOOKAHEAD_ON, 12, N, &V1, &s1, &err) : NULL;
     CHECK(off && on && V0 == V1 && !memcmp(off, on, (size_t)N * V0 * sizeof(float)),
           "look-ahead: logits bit-identical with it on and off (models/default, 12 slots): %s",
           on ? "compared" : err.msg);

@@ -1,0 +1,135 @@
+/* readahead.c — the look-ahead cost model (see readahead.h). Measurements are windows of the cache's and the
+ * I/O pool's running counters, smoothed exponentially, so the decision follows a conversation whose routing
+ * or disk load changes. Besides the rule, each layer compares what it actually waited for its experts with
+ * its guesses read and without (one pass in RA_SAMPLE_OFF goes without while reading): guesses that do not cut
+ * the wait are not read, whatever the rule says. */
+#include "readahead.h"
+
+#include <pthread.h>
+#include <stdlib.h>
+
+#include "../common/util.h"
+
+#define RA_WINDOW_REQUESTS 16   /* a layer's recall is updated after this many scored requests */
+#define RA_WINDOW_S 0.05        /* utilisation and hit rate are updated after this much wall time */
+#define RA_SAMPLE 4             /* while not reading, score one guess in this many */
+#define RA_SMOOTH 0.3           /* weight of the newest window */
+#define RA_HYSTERESIS 1.25      /* start reading only when the gain beats the cost by this factor */
+#define RA_SAMPLE_OFF 8         /* while reading, one pass in this many goes without, to measure the difference */
+#define RA_RETRY 32             /* while reading is measured not to pay, try it again once in this many passes */
+#define RA_MIN_GAIN 0.95        /* reading must cut the layer's wait to this fraction of the wait without */
+
+typedef struct ra_layer {
+    ecache_hint_stats at;       /* counters at the start of the current window */
+    double recall, precision;   /* < 0: not measured yet */
+    double wait_on, wait_off;   /* seconds a pass waited with guesses read / without; < 0: not measured yet */
+    ecache_hint_stats seen;     /* counters at the last plan */
+    int reading;
+    unsigned calls;
+} ra_layer;
+
+struct readahead {
+    pthread_mutex_t mu;
+    int mode, n_layers;
+    ecache *cache;
+    io_pool *pool;
+    ra_layer *l;
+    double t0, busy0, util;     /* util < 0: not measured yet */
+    uint64_t hits0, misses0;
+    double hit_rate;
+};
+
+static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
+
+int ra_should_read(const ra_inputs *in, int reading) {
+    double fit = in->util <= 0 ? 1.0 : DF_MIN(1.0, (1 - in->util) / in->util);
+    double gain = in->recall * fit * (1 - in->hit_rate), cost = (1 - in->precision) * ((1 - fit) + in->hit_rate);
+    return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
+}
+
+readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
+    readahead *ra = xcalloc(1, sizeof *ra);
+    pthread_mutex_init(&ra->mu, NULL);
+    ra->mode = mode;
+    ra->n_layers = n_layers;
+    ra->cache = cache;
+    ra->pool = pool;
+    ra->l = xcalloc((size_t)n_layers + 1, sizeof *ra->l);
+    for (int i = 0; i < n_layers; i++) ra->l[i].recall = ra->l[i].precision = ra->l[i].wait_on = ra->l[i].wait_off = -1;
+    ra->util = ra->hit_rate = -1;
+    ra->t0 = df_now();
+    ra->busy0 = pool ? io_pool_busy_seconds(pool) : 0;
+    return ra;
+}
+
+void readahead_free(readahead *ra) {
+    if (!ra) return;
+    pthread_mutex_destroy(&ra->mu);
+    free(ra->l);
+    free(ra);
+}
+
+/* Lock held. Closes the global window when it is long enough. */
+static void ra_global(readahead *ra) {
+    double t = df_now();
+    if (t - ra->t0 < RA_WINDOW_S) return;
+    double busy = io_pool_busy_seconds(ra->pool);
+    ecache_stats cs;
+    ecache_get_stats(ra->cache, &cs);
+    ra->util = ra_mix(ra->util, DF_MIN(1.0, (busy - ra->busy0) / (t - ra->t0)));
+    uint64_t h = cs.hits - ra->hits0, m = cs.misses - ra->misses0;
+    if (h + m) ra->hit_rate = ra_mix(ra->hit_rate, (double)h / (double)(h + m));
+    ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->misses0 = cs.misses;
+}
+
+/* Lock held. Attributes the layer's waits since the last plan to reading or not, and closes its recall window
+ * when it has enough scored requests. */
+static void ra_layer_update(readahead *ra, int layer) {
+    ra_layer *L = &ra->l[layer];
+    ecache_hint_stats now;
+    ecache_hint_layer(ra->cache, layer, &now);
+    uint64_t passes = now.passes - L->seen.passes;
+    if (passes) {
+        double w = (now.wait_s - L->seen.wait_s) / (double)passes;
+        if (now.read_hints > L->seen.read_hints) L->wait_on = ra_mix(L->wait_on, w);
+        else L->wait_off = ra_mix(L->wait_off, w);
+        L->seen = now;
+    }
+    uint64_t req = now.requests - L->at.requests, rec = now.recalled - L->at.recalled, g = now.guessed - L->at.guessed;
+    if (req < RA_WINDOW_REQUESTS) return;
+    L->recall = ra_mix(L->recall, (double)rec / (double)req);
+    L->precision = ra_mix(L->precision, g ? (double)rec / (double)g : 0.0);
+    L->at = now;
+}
+
+int readahead_plan(readahead *ra, int layer) {
+    if (!ra->cache || layer < 0 || layer >= ra->n_layers) return STORE_LOOKAHEAD_SKIP;
+    if (ra->mode != DF_LOOKAHEAD_AUTO) return ra->mode == DF_LOOKAHEAD_ON ? STORE_LOOKAHEAD_READ : STORE_LOOKAHEAD_SKIP;
+    pthread_mutex_lock(&ra->mu);
+    ra_global(ra);
+    ra_layer_update(ra, layer);
+    ra_layer *L = &ra->l[layer];
+    int rule = 0;
+    if (L->recall >= 0 && ra->util >= 0) {
+        ra_inputs in = {L->recall, L->precision, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
+        rule = ra_should_read(&in, L->reading);
+    }
+    int worse = L->wait_on >= 0 && L->wait_off >= 0 && L->wait_on > RA_MIN_GAIN * L->wait_off;
+    L->reading = rule && !worse;
+    int plan = STORE_LOOKAHEAD_SKIP;
+    if (L->reading) plan = L->calls % RA_SAMPLE_OFF == RA_SAMPLE_OFF - 1 ? STORE_LOOKAHEAD_SCORE : STORE_LOOKAHEAD_READ;
+    else if (rule && L->calls % RA_RETRY == 0) plan = STORE_LOOKAHEAD_READ;
+    else if (L->calls % RA_SAMPLE == 0) plan = STORE_LOOKAHEAD_SCORE;
+    L->calls++;
+    pthread_mutex_unlock(&ra->mu);
+    return plan;
+}
+
+int readahead_reading(readahead *ra, int layer) {
+    if (!ra->cache || layer < 0 || layer >= ra->n_layers || ra->mode == DF_LOOKAHEAD_OFF) return 0;
+    if (ra->mode == DF_LOOKAHEAD_ON) return 1;
+    pthread_mutex_lock(&ra->mu);
+    int r = ra->l[layer].reading;
+    pthread_mutex_unlock(&ra->mu);
+    return r;
+}

@@ -1,0 +1,231 @@
+/* test_overlap.c — experts applied in the order their bytes arrive. Storage hands out a layer's prefetched
+ * experts as they become ready (a test hook delays chosen reads so they arrive scrambled; unannounced experts
+ * are still read); the model's logits through scrambled arrival, a 1-slot cache and every look-ahead mode are
+ * bit-identical to the engine's default path on every fixture; the look-ahead cost model reads guesses only
+ * when recall and spare disk time pay for them. */
+#include <dirent.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+#include "test.h"
+#include "deltafin.h"
+#include "common/prompt.h"
+#include "common/util.h"
+#include "model/model.h"
+#include "storage/expert_index.h"
+#include "storage/readahead.h"
+#include "storage/store.h"
+
+/* Delays: expert e of any layer waits (e * 5 + layer) % 7 ms before its read, so arrival follows neither id
+ * order nor request order. */
+typedef struct delay_ctx {
+    atomic_int calls;
+} delay_ctx;
+
+static void delay_read(void *ctx, int layer, int e) {
+    atomic_fetch_add(&((delay_ctx *)ctx)->calls, 1);
+    usleep((useconds_t)(((e * 5 + layer) % 7) * 1000));
+}
+
+/* ---- storage: arrival order ------------------------------------------------------------------------- */
+
+static void test_arrival_order(const char *dir) {
+    delay_ctx dc = {0};
+    store_opts o = {.cache_slots = 8, .test_before_read = delay_read, .test_ctx = &dc};
+    df_store *st = NULL;
+    df_error err = {0};
+    int rc = store_open_ex(&st, dir, &o, &err);
+    CHECK(!rc, "arrival: open %s with the delay hook (%s)", dir, rc ? err.msg : "ok");
+    if (rc) return;
+    int n = DF_MIN(store_expert_count(st, 1), 8);
+    int ids[8], order[8], seen[8] = {0};
+    uint8_t done[8] = {0};
+    for (int i = 0; i < n; i++) ids[i] = i;
+    rc = store_experts_prefetch(st, 1, ids, n, &err);
+    for (int k = 0; !rc && k < n; k++) {
+        df_expert x;
+        int u = -1;
+        rc = store_expert_acquire_next(st, 1, ids, n, done, &u, &x, &err);
+        if (rc) break;
+        order[k] = u;
+        seen[u]++;
+        store_expert_release(st, 1, ids[u]);
+    }
+    int once = !rc, ascending = 1;
+    for (int i = 0; i < n; i++) once &= seen[i] == 1;
+    for (int k = 1; !rc && k < n; k++) ascending &= order[k] > order[k - 1];
+    char got[64] = "";
+    for (int k = 0; !rc && k < n; k++) snprintf(got + strlen(got), sizeof got - strlen(got), "%d ", order[k]);
+    CHECK(once && !ascending && n >= 4, "arrival: %d prefetched experts handed out once each, in arrival order "
+          "(%s), not id order", n, rc ? err.msg : got);
+    /* experts nobody prefetched are read on the spot, one by one */
+    memset(done, 0, sizeof done);
+    int layer = store_layer_count(st) - 1, ok = 1;
+    for (int k = 0; ok && k < n; k++) {
+        df_expert x;
+        int u = -1;
+        ok = store_expert_acquire_next(st, layer, ids, n, done, &u, &x, &err) == DF_OK && u >= 0;
+        if (ok) store_expert_release(st, layer, ids[u]);
+    }
+    int all = 1;
+    for (int i = 0; i < n; i++) all &= done[i];
+    CHECK(ok && all, "arrival: unannounced experts are read where asked (%s)", ok ? "all handed out" : err.msg);
+    int bad_ids[2] = {0, 1 << 20};
+    memset(done, 0, sizeof done);
+    df_expert x;
+    int u = -1;
+    rc = store_expert_acquire_next(st, 1, bad_ids, 2, done, &u, &x, &err);
+    CHECK(rc == DF_EINVAL && u == 1 && strstr(err.msg, "out of range"), "arrival: an out-of-range id is refused "
+          "naming it: %s", err.msg);
+    store_free(st);
+}
+
+/* ---- the model through the storage seam, with the hook ----------------------------------------------- */
+
+/* Prefill as one batch, then each decode token; all rows of logits (caller frees), or NULL. */
+static float *model_logits(const char *dir, const store_opts *so, const int32_t *pre, int np, const int32_t *dec,
+                           int nd, df_error *err) {
+    df_model m;
+    memset(&m, 0, sizeof m);
+    df_kern kern;
+    df_store *st = NULL;
+    int rc = store_open_ex(&st, dir, so, err);
+    if (rc) return NULL;
+    rc = config_parse(&m.cfg, store_config_text(st), dir, err);
+    if (rc) {
+        store_free(st);
+        return NULL;
+    }
+    if (kern_init(&kern, 2, NULL)) abort();
+    m.store = st;
+    m.kern = &kern;
+    m.dir = dir;
+    df_state *s = state_new(&m);
+    int V = m.cfg.vocab;
+    float *out = xmalloc((size_t)(np + nd) * V * sizeof(float));
+    rc = model_forward(&m, s, pre, np, out, 1, err);
+    for (int i = 0; !rc && i < nd; i++) rc = model_forward(&m, s, dec + i, 1, out + (int64_t)(np + i) * V, 1, err);
+    state_free(s);
+    kern_free(&kern);
+    config_free(&m.cfg);
+    store_free(st);
+    if (rc) {
+        free(out);
+        return NULL;
+    }
+    return out;
+}
+
+static float *engine_logits(const char *dir, const int32_t *pre, int np, const int32_t *dec, int nd, int *V,
+                            df_error *err) {
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.model_dir = dir;
+    o.n_threads = 2;
+    o.lookahead = DF_LOOKAHEAD_OFF;
+    df_engine *eng = NULL;
+    df_session *s = NULL;
+    int rc = df_engine_open(&eng, &o, err);
+    if (!rc) rc = df_session_init(&s, eng, err);
+    float *got = NULL;
+    if (!rc) {
+        *V = df_engine_info(eng)->vocab_size;
+        got = xmalloc((size_t)(np + nd) * *V * sizeof(float));
+        rc = df_session_eval(s, pre, np, got, 1, err);
+        for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, got + (int64_t)(np + i) * *V, 1, err);
+    }
+    df_session_free(s);
+    df_engine_free(eng);
+    if (rc) {
+        free(got);
+        return NULL;
+    }
+    return got;
+}
+
+static void check_fixture(const char *dir, const char *name) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/prompt.json", dir);
+    int32_t *pre = NULL, *dec = NULL;
+    int np = 0, nd = 0, V = 0;
+    df_error err = {0};
+    if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
+        CHECK(0, "%s: prompt: %s", name, err.msg);
+        return;
+    }
+    float *ref = engine_logits(dir, pre, np, dec, nd, &V, &err);
+    CHECK(ref != NULL, "%s: engine run (%s)", name, ref ? "ok" : err.msg);
+    static const struct {
+        const char *label;
+        int slots, stream, lookahead, delay;
+    } cfgs[] = {
+        {"scrambled arrival, full cache, look-ahead off", 0, 0, DF_LOOKAHEAD_OFF, 1},
+        {"scrambled arrival, 1 slot, look-ahead off", 1, 0, DF_LOOKAHEAD_OFF, 1},
+        {"scrambled arrival, 3 slots, spine streamed, look-ahead on", 3, 1, DF_LOOKAHEAD_ON, 1},
+        {"scrambled arrival, 1 slot, look-ahead on", 1, 0, DF_LOOKAHEAD_ON, 1},
+        {"scrambled arrival, 6 slots, look-ahead auto", 6, 0, DF_LOOKAHEAD_AUTO, 1},
+        {"1 slot, spine streamed, look-ahead auto", 1, 1, DF_LOOKAHEAD_AUTO, 0},
+    };
+    for (size_t k = 0; ref && k < sizeof cfgs / sizeof cfgs[0]; k++) {
+        delay_ctx dc = {0};
+        store_opts so = {.cache_slots = cfgs[k].slots, .spine_stream = cfgs[k].stream,
+                         .lookahead = cfgs[k].lookahead, .test_before_read = cfgs[k].delay ? delay_read : NULL,
+                         .test_ctx = &dc};
+        float *got = model_logits(dir, &so, pre, np, dec, nd, &err);
+        int same = got && !memcmp(got, ref, (size_t)(np + nd) * V * sizeof(float));
+        CHECK(same && (!cfgs[k].delay || atomic_load(&dc.calls) > 0), "%s: %s: logits bit-identical to the engine's "
+              "(%d delayed reads; %s)", name, cfgs[k].label, atomic_load(&dc.calls), got ? "compared" : err.msg);
+        free(got);
+    }
+    free(ref);
+    free(pre);
+    free(dec);
+}
+
+/* ---- the look-ahead cost model ------------------------------------------------------------------------ */
+
+static void test_policy(void) {
+    /* {recall, precision, utilisation, hit rate}; fit = min(1, (1 - u) / u);
+     * gain = recall x fit x (1 - hit), cost = (1 - precision) x ((1 - fit) + hit) */
+    ra_inputs busy = {0.9, 0.9, 1.0, 0.0}, idle_good = {0.75, 0.75, 0.3, 0.1}, busy_poor = {0.3, 0.3, 0.8, 0.2},
+              cached = {0.5, 0.5, 0.05, 0.95}, trained = {0.76, 0.76, 0.7, 0.05}, random = {0.5, 0.5, 0.7, 0.05};
+    CHECK(!ra_should_read(&busy, 0) && !ra_should_read(&busy, 1),
+          "policy: a saturated disk never reads guesses (no idle time to fill)");
+    CHECK(ra_should_read(&idle_good, 0), "policy: 75%% recall with the disk 30%% busy reads guesses");
+    CHECK(!ra_should_read(&busy_poor, 0) && !ra_should_read(&busy_poor, 1),
+          "policy: 30%% recall with the disk 80%% busy does not");
+    CHECK(!ra_should_read(&cached, 0), "policy: a cache that already serves 95%% does not trade it for guesses");
+    CHECK(ra_should_read(&trained, 0) && !ra_should_read(&random, 0), "policy: with the disk 70%% busy, a trained "
+          "router's 76%% recall pays (gain 0.31, cost 0.15), random weights' 50%% does not (gain 0.20, cost 0.31)");
+    ra_inputs between = {0.6, 0.5, 0.65, 0.1};   /* gain 0.291, cost 0.281: keep reading, but do not start */
+    CHECK(ra_should_read(&between, 1) && !ra_should_read(&between, 0), "policy: hysteresis between start and stop");
+}
+
+int main(void) {
+    test_policy();
+    test_arrival_order("tests/fixtures/k3-tiny");
+    const char *root = "tests/fixtures";
+    DIR *d = opendir(root);
+    CHECK(d != NULL, "fixtures folder %s", root);
+    if (!d) TEST_EXIT();
+    struct dirent *de;
+    char names[64][256];
+    int n = 0;
+    while ((de = readdir(d)) && n < 64) {
+        char p[2048];
+        struct stat sb;
+        snprintf(p, sizeof p, "%s/%s/prompt.json", root, de->d_name);
+        if (de->d_name[0] != '.' && stat(p, &sb) == 0) snprintf(names[n++], sizeof names[0], "%s", de->d_name);
+    }
+    closedir(d);
+    for (int i = 0; i < n; i++) {
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+        check_fixture(dir, names[i]);
+    }
+    TEST_EXIT();
+}
