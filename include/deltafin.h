@@ -55,7 +55,11 @@ typedef struct df_engine_opts {
                                  pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
     int lookahead;            /* 1: predict layer i+1's experts with its router on layer i's MoE input and read
                                  them early (never changes results); 0 = off (the default: it did not pay) */
+    int cache_policy;         /* expert replacement: DF_CACHE_DEFAULT (frequency with decay), _LRU, _LFU, _ARC */
+    const char *trace_routing;   /* append every layer's expert selection to this file (`deltafin bench cache`) */
 } df_engine_opts;
+
+enum { DF_CACHE_DEFAULT = 0, DF_CACHE_LRU = 1, DF_CACHE_LFU = 2, DF_CACHE_ARC = 3 };
 
 typedef struct df_model_info {
     const char *family;       /* "kimi_linear" or "kimi_k3" */

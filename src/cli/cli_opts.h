@@ -8,16 +8,18 @@
 #include "deltafin.h"
 
 enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
-       CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE };
+       CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE,
+       CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING };
 
 /* Entries in CLI_STORAGE_LONGOPTS (for tables that are sized at compile time). */
-#define CLI_STORAGE_N_LONGOPTS 9
+#define CLI_STORAGE_N_LONGOPTS 11
 
 #define CLI_STORAGE_LONGOPTS                                                                                    \
     {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
         {"spine-stream", 0, 0, CLI_OPT_SPINE_STREAM}, {"buffered-io", 0, 0, CLI_OPT_BUFFERED_IO},               \
         {"io-threads", 1, 0, CLI_OPT_IO_THREADS}, {"remote", 1, 0, CLI_OPT_REMOTE}, {"io", 1, 0, CLI_OPT_IO},    \
-        {"lookahead", 2, 0, CLI_OPT_LOOKAHEAD}, {"spine", 1, 0, CLI_OPT_SPINE}
+        {"lookahead", 2, 0, CLI_OPT_LOOKAHEAD}, {"spine", 1, 0, CLI_OPT_SPINE},                                  \
+        {"cache-policy", 1, 0, CLI_OPT_CACHE_POLICY}, {"trace-routing", 1, 0, CLI_OPT_TRACE_ROUTING}
 
 #define CLI_STORAGE_USAGE                                                                                       \
     "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
@@ -28,7 +30,9 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --io KIND         O_DIRECT reader: uring (io_uring, default) or pread (thread pool)\n"                 \
     "  --lookahead[=on|off]  read the next layer's predicted experts early (default off)\n"                \
     "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"    \
-    "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"
+    "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"  \
+    "  --cache-policy P  expert cache replacement: lfu (frequency with decay, default), lru or arc\n"         \
+    "  --trace-routing FILE  append each layer's expert selection to FILE (deltafin bench cache --trace)\n"
 
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);

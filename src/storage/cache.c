@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../common/util.h"
+#include "policy.h"
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
 
@@ -16,7 +17,6 @@ typedef struct ec_slot {
     int state;
     int pins;
     int wanted;          /* prefetched, not yet acquired */
-    uint64_t stamp;      /* last use, for LRU */
     uint8_t *mem;
     df_expert view;
     df_error err;
@@ -32,16 +32,17 @@ struct ecache {
     size_t slot_bytes;
     uint8_t *mem;
     ec_slot *slots;
-    uint64_t clock;
     io_pool *pool;
     ecache_load_fn load;
     void *ctx;
     int pq_layer, pq_n, pq_next;
+    int pq_requested;    /* the policy has seen the request for pq_ids[pq_next] */
     int *pq_ids;
     int pq_cap;
     int loading;
     uint8_t *hinted;     /* key -> named by the layer's last hint */
     uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
+    policy *pol;         /* which ready slot to evict (policy.c) */
     ecache_stats st;
 };
 
@@ -71,6 +72,7 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
     c->ctx = ctx;
     c->st.slots = n_slots;
     c->st.slot_bytes = slot_bytes;
+    c->pol = policy_new(POLICY_DEFAULT, n_slots, n_layers, c->base);
     return c;
 }
 
@@ -88,23 +90,38 @@ void ecache_free(ecache *c) {
     free(c->pq_ids);
     free(c->hinted);
     free(c->hint_layer);
+    policy_free(c->pol);
     free(c);
 }
 
-/* The slot to reuse: empty first, then the least recently used one that is free to go; -1 if none. With
- * any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must progress). */
-static int ec_victim(const ecache *c, int any_wanted) {
-    int best = -1;
-    for (int i = 0; i < c->n_slots; i++) {
-        const ec_slot *s = &c->slots[i];
-        if (s->state == SLOT_LOADING || s->pins || (s->wanted && !any_wanted)) continue;
-        if (s->state == SLOT_EMPTY) return i;
-        if (best < 0 || s->stamp < c->slots[best].stamp) best = i;
-    }
-    return best;
+typedef struct ec_victim_ctx {
+    const ecache *c;
+    int any_wanted;
+} ec_victim_ctx;
+
+static int ec_may_go(const void *ctx, int i) {
+    const ec_victim_ctx *v = ctx;
+    const ecache *c = v->c;
+    const ec_slot *s = &c->slots[i];
+    if (s->state == SLOT_LOADING || s->pins || (s->wanted && !v->any_wanted)) return 0;
+    if (v->any_wanted || s->layer != c->pq_layer) return 1;
+    for (int j = c->pq_next; j < c->pq_n; j++)   /* named by the prefetch list, not yet reached */
+        if (c->pq_ids[j] == s->e) return 0;
+    return 1;
+}
+
+/* The slot to reuse: empty first, then the one the replacement policy picks among those free to go; -1 if
+ * none. With any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must
+ * progress). */
+static int ec_victim(const ecache *c, int any_wanted, int layer, int e) {
+    ec_victim_ctx v = {c, any_wanted};
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].state == SLOT_EMPTY && ec_may_go(&v, i)) return i;
+    return policy_victim(c->pol, ec_key(c, layer, e), ec_may_go, &v);
 }
 
 static void ec_unbind(ecache *c, ec_slot *s) {
+    if (s->layer >= 0) policy_clear(c->pol, (int)(s - c->slots));
     if (s->layer >= 0) c->map[ec_key(c, s->layer, s->e)] = -1;
     s->layer = s->e = -1;
     s->state = SLOT_EMPTY;
@@ -119,6 +136,7 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
     s->e = e;
     s->state = SLOT_LOADING;
     c->map[ec_key(c, layer, e)] = i;
+    policy_fill(c->pol, i, ec_key(c, layer, e));
     c->st.loads++;
     c->loading++;
     return s;
@@ -127,7 +145,7 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
 /* Lock held. Records the outcome of a read and wakes waiters. */
 static void ec_finish(ecache *c, ec_slot *s, int rc) {
     s->state = rc ? SLOT_ERROR : SLOT_READY;
-    s->stamp = ++c->clock;
+    policy_touch(c->pol, (int)(s - c->slots));
     c->loading--;
     pthread_cond_broadcast(&c->cv);
 }
@@ -148,18 +166,22 @@ static void ec_top_up(ecache *c) {
     while (c->pq_next < c->pq_n) {
         int e = c->pq_ids[c->pq_next];
         int i = c->map[ec_key(c, c->pq_layer, e)];
+        if (!c->pq_requested) policy_request(c->pol, ec_key(c, c->pq_layer, e));
+        c->pq_requested = 1;
         if (i >= 0) {
             if (!c->slots[i].wanted && c->slots[i].state != SLOT_ERROR) c->st.hits++;
             c->slots[i].wanted = 1;
             c->pq_next++;
+            c->pq_requested = 0;
             continue;
         }
-        int v = ec_victim(c, 0);
+        int v = ec_victim(c, 0, c->pq_layer, e);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, c->pq_layer, e);
         s->wanted = 1;
         c->st.misses++;
         c->pq_next++;
+        c->pq_requested = 0;
         io_pool_submit(c->pool, IO_PRIO_HIGH, ec_load_job, s);
     }
 }
@@ -180,7 +202,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n) {
     for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
     for (int i = 0; i < n; i++) {
         if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
-        int v = ec_victim(c, 0);
+        int v = ec_victim(c, 0, layer, ids[i]);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, layer, ids[i]);
         c->st.hint_loads++;
@@ -201,6 +223,7 @@ void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     c->pq_layer = layer;
     c->pq_n = n;
     c->pq_next = 0;
+    c->pq_requested = 0;
     ec_top_up(c);
     pthread_mutex_unlock(&c->mu);
 }
@@ -208,6 +231,10 @@ void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
     pthread_mutex_lock(&c->mu);
     int waited = 0;
+    {
+        int i = c->map[ec_key(c, layer, e)];
+        if (i < 0 || !c->slots[i].wanted) policy_request(c->pol, ec_key(c, layer, e));   /* not prefetched */
+    }
     for (;;) {
         int i = c->map[ec_key(c, layer, e)];
         ec_slot *s = i >= 0 ? &c->slots[i] : NULL;
@@ -228,13 +255,13 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
             if (!s->wanted && !waited) c->st.hits++;
             s->wanted = 0;
             s->pins++;
-            s->stamp = ++c->clock;
+            policy_touch(c->pol, i);
             *out = s->view;
             pthread_mutex_unlock(&c->mu);
             return DF_OK;
         }
-        int v = ec_victim(c, 0);
-        if (v < 0) v = ec_victim(c, 1);
+        int v = ec_victim(c, 0, layer, e);
+        if (v < 0) v = ec_victim(c, 1, layer, e);
         if (v < 0) {   /* every slot pinned or in flight: wait for a release */
             pthread_cond_wait(&c->cv, &c->mu);
             continue;
@@ -258,6 +285,16 @@ void ecache_release(ecache *c, int layer, int e) {
     c->slots[i].pins--;
     ec_top_up(c);
     pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_set_policy(ecache *c, int kind) {
+    pthread_mutex_lock(&c->mu);
+    policy *p = policy_new(kind, c->n_slots, c->n_layers, c->base);
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].layer >= 0) policy_fill(p, i, ec_key(c, c->slots[i].layer, c->slots[i].e));
+    policy_free(c->pol);
+    c->pol = p;
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -1,6 +1,7 @@
 /* cache.h — the expert cache: a fixed bank of equally sized, aligned slots shared by all layers, each holding
- * one routed expert's bytes. Experts are looked up by (layer, expert); a miss takes the least recently used
- * slot that is neither pinned (acquired and not yet released) nor holding a prefetched expert not yet used.
+ * one routed expert's bytes. Experts are looked up by (layer, expert); a miss takes an empty slot, else the
+ * one the replacement policy (policy.h) picks among those neither pinned (acquired and not yet released) nor
+ * holding a prefetched expert not yet used.
  * A prefetch list is loaded in order as far as free slots allow and topped up as slots are released, so a
  * layer whose selection exceeds the bank still streams. Concurrent requests for one expert share one read.
  * The bytes are filled by a load callback (storage's reader), run on the I/O pool for prefetches and on the
@@ -38,11 +39,13 @@ void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
 /* Low-priority guess (next-layer look-ahead): reads those of these experts that are not cached into slots
- * that hold nothing wanted or pinned, at low I/O priority; they stay ordinary LRU entries. Leaves the prefetch
+ * that hold nothing wanted or pinned, at low I/O priority; they stay ordinary cache entries. Leaves the prefetch
  * list alone. The next prefetch of this layer counts how many of its experts the hint named (recall). */
 void ecache_hint(ecache *c, int layer, const int *ids, int n);
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);
 void ecache_release(ecache *c, int layer, int e);
 void ecache_get_stats(ecache *c, ecache_stats *out);
+/* Replaces the replacement policy (a policy_kind; POLICY_DEFAULT until called). */
+void ecache_set_policy(ecache *c, int kind);
 
 #endif

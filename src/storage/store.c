@@ -26,6 +26,8 @@
 #include "safetensors.h"
 #include "spine.h"
 #include "int8_spine.h"
+#include "policy.h"
+#include "trace.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -113,6 +115,7 @@ struct df_store {
     int *int8_shard;                 /* per span: its shard */
     int n_int8, n_int8_files;
     uint64_t int8_bytes, int8_replaced_bytes;
+    rtrace_writer *trace;            /* --trace-routing */
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -828,6 +831,16 @@ static void store_print_gib(char *buf, size_t cap, uint64_t n) {
     else snprintf(buf, cap, "%.1f MiB", (double)n / (1ull << 20));
 }
 
+/* The replacement policy and the routing trace the options ask for. */
+static int store_policy_open(df_store *st, df_error *err) {
+    int kind = st->opts.cache_policy;
+    if (kind < 0 || kind > POLICY_COUNT)
+        return df_error_set(err, DF_EINVAL, "unknown expert cache policy %d", kind), DF_EINVAL;
+    ecache_set_policy(st->cache, kind ? kind - 1 : POLICY_DEFAULT);
+    if (!st->opts.trace_path) return DF_OK;
+    return rtrace_writer_open(&st->trace, st->opts.trace_path, st->n_layers, st->n_experts, err);
+}
+
 static int store_plan(df_store *st, df_error *err) {
     uint64_t budget = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes();
     st->opts.mem_budget = budget;
@@ -887,7 +900,7 @@ static int store_plan(df_store *st, df_error *err) {
                             st->dir, b1, (unsigned long long)st->slot_bytes), DF_ENOMEM;
     }
     st->cache = ecache_new(st->n_layers, st->n_experts, (int)slots, st->slot_bytes, st->pool, store_expert_load, st);
-    return DF_OK;
+    return store_policy_open(st, err);
 }
 
 static int store_open_io(df_store *st, df_error *err) {
@@ -930,6 +943,7 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
 void store_free(df_store *st) {
     if (!st) return;
     ecache_free(st->cache);
+    rtrace_writer_close(st->trace, &(df_error){0});
     spine_free(st->spine);
     io_pool_free(st->pool);
     io_source_free(st->src_expert);
@@ -1059,6 +1073,10 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
         if (rc) return rc;
     }
     atomic_fetch_add(&st->expert_requests, (uint64_t)n);
+    if (st->trace && n) {
+        int rc = rtrace_writer_record(st->trace, layer, ids, n, err);
+        if (rc) return rc;
+    }
     if (n) ecache_prefetch(st->cache, layer, ids, n);
     return DF_OK;
 }

@@ -33,6 +33,8 @@ typedef struct store_opts {
     const char *remote_url;  /* partial install: fetch missing experts from here (remote.h); NULL = none */
     int io_kind;             /* IO_KIND_* of io.h: 0 = the faster one here, 1 = pread pool, 2 = io_uring */
     int spine_int8;          /* 1: spine matrices from the int8 sidecar (int8_spine.h); an error if it is absent */
+    int cache_policy;        /* DF_CACHE_* of deltafin.h: expert replacement policy; 0 = the default */
+    const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
