@@ -57,7 +57,11 @@ typedef struct df_engine_opts {
                                  them early (never changes results); 0 = off (the default: it did not pay) */
     int cache_policy;         /* expert replacement: DF_CACHE_DEFAULT (frequency with decay), _LRU, _LFU, _ARC */
     const char *trace_routing;   /* append every layer's expert selection to this file (`deltafin bench cache`) */
+    int heat;                 /* DF_HEAT_ON: count expert use into DIR/.deltafin/heat (saved at close) and warm the
+                                 cache from it in the background on open; DF_HEAT_READ: show it only; 0 = off */
 } df_engine_opts;
+
+enum { DF_HEAT_OFF = 0, DF_HEAT_ON = 1, DF_HEAT_READ = 2 };
 
 enum { DF_CACHE_DEFAULT = 0, DF_CACHE_LRU = 1, DF_CACHE_LFU = 2, DF_CACHE_ARC = 3 };
 
@@ -110,8 +114,13 @@ typedef struct df_stats {
     uint64_t lookahead_loads;              /* expert reads started by look-ahead guesses */
     uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
                                                           how many of them the guess named (recall) */
+    uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
+/* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */
+void df_engine_warm_wait(df_engine *eng);
+/* Why a saved heat file was ignored (corrupt, other model), or "" when it was not. */
+const char *df_engine_heat_note(const df_engine *eng);
 
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert

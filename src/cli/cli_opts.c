@@ -76,6 +76,14 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         }
         return 1;
     case CLI_OPT_TRACE_ROUTING: o->trace_routing = arg; return 1;
+    case CLI_OPT_HEAT:
+        if (!strcmp(arg, "on")) o->heat = DF_HEAT_ON;
+        else if (!strcmp(arg, "off")) o->heat = DF_HEAT_OFF;
+        else {
+            fprintf(stderr, "deltafin: --heat: expected on or off, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     case CLI_OPT_LOOKAHEAD:
         if (!arg || !strcmp(arg, "on")) o->lookahead = 1;
         else if (!strcmp(arg, "off")) o->lookahead = 0;

@@ -9,17 +9,18 @@
 
 enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
        CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE,
-       CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING };
+       CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING, CLI_OPT_HEAT };
 
 /* Entries in CLI_STORAGE_LONGOPTS (for tables that are sized at compile time). */
-#define CLI_STORAGE_N_LONGOPTS 11
+#define CLI_STORAGE_N_LONGOPTS 12
 
 #define CLI_STORAGE_LONGOPTS                                                                                    \
     {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
         {"spine-stream", 0, 0, CLI_OPT_SPINE_STREAM}, {"buffered-io", 0, 0, CLI_OPT_BUFFERED_IO},               \
         {"io-threads", 1, 0, CLI_OPT_IO_THREADS}, {"remote", 1, 0, CLI_OPT_REMOTE}, {"io", 1, 0, CLI_OPT_IO},    \
         {"lookahead", 2, 0, CLI_OPT_LOOKAHEAD}, {"spine", 1, 0, CLI_OPT_SPINE},                                  \
-        {"cache-policy", 1, 0, CLI_OPT_CACHE_POLICY}, {"trace-routing", 1, 0, CLI_OPT_TRACE_ROUTING}
+        {"cache-policy", 1, 0, CLI_OPT_CACHE_POLICY}, {"trace-routing", 1, 0, CLI_OPT_TRACE_ROUTING},            \
+        {"heat", 1, 0, CLI_OPT_HEAT}
 
 #define CLI_STORAGE_USAGE                                                                                       \
     "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
@@ -32,7 +33,8 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"    \
     "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"  \
     "  --cache-policy P  expert cache replacement: lfu (frequency with decay, default), lru or arc\n"         \
-    "  --trace-routing FILE  append each layer's expert selection to FILE (deltafin bench cache --trace)\n"
+    "  --trace-routing FILE  append each layer's expert selection to FILE (deltafin bench cache --trace)\n"  \
+    "  --heat on|off     keep expert heat in DIR/.deltafin/heat and warm the cache from it (run/chat/serve: on)\n"
 
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);

@@ -17,6 +17,7 @@ typedef struct ec_slot {
     int state;
     int pins;
     int wanted;          /* prefetched, not yet acquired */
+    int warm;            /* read by warming (the next warming read starts when it ends) */
     uint8_t *mem;
     df_expert view;
     df_error err;
@@ -43,6 +44,8 @@ struct ecache {
     uint8_t *hinted;     /* key -> named by the layer's last hint */
     uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
     policy *pol;         /* which ready slot to evict (policy.c) */
+    int64_t *warm_keys;  /* experts to warm, hottest first; read one at a time into empty slots */
+    int warm_n, warm_next, warm_busy;
     ecache_stats st;
 };
 
@@ -79,8 +82,10 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
 void ecache_free(ecache *c) {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
+    c->warm_n = c->warm_next;   /* no further warming reads */
     while (c->loading) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    free(c->warm_keys);
     io_mem_free(c->mem, (size_t)c->n_slots * c->slot_bytes);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -150,6 +155,8 @@ static void ec_finish(ecache *c, ec_slot *s, int rc) {
     pthread_cond_broadcast(&c->cv);
 }
 
+static void ec_warm_next(ecache *c);
+
 static void ec_load_job(void *arg) {
     ec_slot *s = arg;
     ecache *c = s->c;
@@ -157,8 +164,39 @@ static void ec_load_job(void *arg) {
     int rc = c->load(c->ctx, s->layer, s->e, s->mem, &s->view, &err);
     pthread_mutex_lock(&c->mu);
     s->err = err;
-    ec_finish(c, s, rc);
+    if (s->warm) {
+        s->warm = 0;
+        c->warm_busy = 0;
+        if (rc) ec_unbind(c, s), c->loading--, pthread_cond_broadcast(&c->cv);   /* a failed guess is forgotten */
+        else ec_finish(c, s, rc);
+        ec_warm_next(c);
+    } else {
+        ec_finish(c, s, rc);
+    }
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Lock held. Starts the next warming read into an empty slot, if one is left and warming is not done. */
+static void ec_warm_next(ecache *c) {
+    while (!c->warm_busy && c->warm_next < c->warm_n) {
+        int64_t key = c->warm_keys[c->warm_next++];
+        if (c->map[key] >= 0) continue;
+        int v = -1;
+        for (int i = 0; i < c->n_slots && v < 0; i++)
+            if (c->slots[i].state == SLOT_EMPTY) v = i;
+        if (v < 0) {
+            c->warm_next = c->warm_n;   /* the bank is full: warming is over */
+            break;
+        }
+        int layer = 0;
+        while (key >= c->base[layer + 1]) layer++;
+        ec_slot *s = ec_bind(c, v, layer, (int)(key - c->base[layer]));
+        s->warm = 1;
+        c->warm_busy = 1;
+        c->st.warm_loads++;
+        io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
+    }
+    if (!c->warm_busy) pthread_cond_broadcast(&c->cv);
 }
 
 /* Lock held. Starts reads for the prefetch list as far as free slots allow. */
@@ -285,6 +323,25 @@ void ecache_release(ecache *c, int layer, int e) {
     c->slots[i].pins--;
     ec_top_up(c);
     pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const float *heat) {
+    pthread_mutex_lock(&c->mu);
+    c->warm_keys = xrealloc(c->warm_keys, sizeof *c->warm_keys * ((size_t)n + 1));
+    for (int i = 0; i < n; i++) {
+        c->warm_keys[i] = ec_key(c, layers[i], ids[i]);
+        policy_seed(c->pol, c->warm_keys[i], heat[i]);
+    }
+    c->warm_n = n;
+    c->warm_next = 0;
+    ec_warm_next(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_warm_wait(ecache *c) {
+    pthread_mutex_lock(&c->mu);
+    while (c->warm_busy || c->warm_next < c->warm_n) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }
 

@@ -28,6 +28,7 @@ typedef struct ecache_stats {
     uint64_t hint_loads;     /* reads started by look-ahead hints */
     uint64_t hint_requests;  /* experts prefetched for layers that had a hint */
     uint64_t hint_recalled;  /* of those, experts the hint had named */
+    uint64_t warm_loads;     /* reads started by warming */
     int slots;
     size_t slot_bytes;
 } ecache_stats;
@@ -45,6 +46,12 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n);
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);
 void ecache_release(ecache *c, int layer, int e);
 void ecache_get_stats(ecache *c, ecache_stats *out);
+/* Warming: tells the policy these experts' heat and reads them, hottest first and one at a time at low
+ * priority, into empty slots only, until the bank is full; never evicts and never delays a request beyond
+ * one read in flight. Call before the first request. */
+void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const float *heat);
+/* Waits until warming has read all it will. */
+void ecache_warm_wait(ecache *c);
 /* Replaces the replacement policy (a policy_kind; POLICY_DEFAULT until called). */
 void ecache_set_policy(ecache *c, int kind);
 

@@ -45,7 +45,9 @@ struct policy {
 
 static const char *const policy_names[POLICY_COUNT] = {"lru", "lfu", "arc", "reuse"};
 
-const char *policy_name(int kind) { return kind >= 0 && kind < POLICY_COUNT ? policy_names[kind] : "belady"; }
+const char *policy_name(int kind) {
+    return kind >= 0 && kind < POLICY_COUNT ? policy_names[kind] : kind == POLICY_COUNT ? "belady" : "oracle-lfu";
+}
 
 int policy_parse(const char *name) {
     for (int k = 0; k < POLICY_COUNT; k++)
@@ -170,6 +172,7 @@ static double decay_add(double s, double t) {
 
 void policy_request(policy *p, int64_t key) {
     DF_ASSERT(key >= 0 && key < p->n_keys);
+    if (p->kind == POLICY_ORACLE_FREQ) return;
     if (p->kind == POLICY_LFU || p->kind == POLICY_REUSE) {
         double t = (p->now += 1.0) / p->half_life;
         int g = p->key_group[key];
@@ -179,6 +182,14 @@ void policy_request(policy *p, int64_t key) {
     } else if (p->kind == POLICY_ARC) {
         arc_request(p, key);
     }
+}
+
+void policy_seed(policy *p, int64_t key, double weight) {
+    if (!p->score || !(weight > 0)) return;
+    double t = p->now / p->half_life, s = p->score[key];
+    p->score[key] = s == -INFINITY ? t + log2(weight) : t + log2(exp2(s - t) + weight);
+    int g = p->key_group[key];   /* its hottest expert is taken to be used on nearly every pass */
+    p->pass_score[g] = DF_MAX(p->pass_score[g], p->score[key]);
 }
 
 void policy_touch(policy *p, int slot) { p->slot_stamp[slot] = ++p->clock; }
@@ -239,7 +250,7 @@ int policy_victim(policy *p, int64_t incoming, int (*ok)(const void *ctx, int sl
             best = i;
             continue;
         }
-        if (p->kind == POLICY_LFU) {
+        if (p->kind == POLICY_LFU || p->kind == POLICY_ORACLE_FREQ) {
             double a = p->score[p->slot_key[i]], b = p->score[p->slot_key[best]];
             if (a < b || (a == b && p->slot_stamp[i] < p->slot_stamp[best])) best = i;
         } else if (p->slot_stamp[i] < p->slot_stamp[best]) {
@@ -283,7 +294,7 @@ static uint64_t sim_belady(const policy_trace *t, int n_slots) {
         int64_t k = keys[i];
         int s = where[k];
         if (s >= 0) {
-            hits++;
+            hits += i >= t->count_from;
         } else if (used < n_slots) {
             s = used++;
         } else {
@@ -307,7 +318,14 @@ static uint64_t sim_belady(const policy_trace *t, int n_slots) {
 uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
     if (kind == POLICY_COUNT) return sim_belady(t, n_slots);
     int64_t n_keys = t->base[t->n_groups];
-    policy *p = policy_new(kind, n_slots, t->n_groups, t->base);
+    int oracle = kind == POLICY_ORACLE_FREQ;
+    policy *p = policy_new(oracle ? POLICY_LFU : kind, n_slots, t->n_groups, t->base);
+    if (oracle) {   /* the whole trace's counts, known in advance and never updated */
+        for (int64_t k = 0; k < n_keys; k++) p->score[k] = -INFINITY;
+        for (int64_t i = 0; i < t->n; i++)
+            p->score[t->keys[i]] = p->score[t->keys[i]] == -INFINITY ? 1 : p->score[t->keys[i]] + 1;
+        p->kind = POLICY_ORACLE_FREQ;
+    }
     int *where = xmalloc(sizeof *where * (size_t)n_keys);
     int64_t *held = xmalloc(sizeof *held * (size_t)n_keys);
     for (int64_t k = 0; k < n_keys; k++) where[k] = -1, held[k] = -1;
@@ -322,7 +340,7 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
             policy_request(p, k);
             int s = where[k];
             if (s >= 0) {
-                hits++;
+                hits += i >= t->count_from;
                 policy_touch(p, s);
                 continue;
             }

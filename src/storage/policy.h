@@ -19,12 +19,17 @@ typedef enum {
     POLICY_COUNT
 } policy_kind;
 
+/* Simulation only: Belady's optimum, and LFU knowing each expert's count over the whole trace in advance (the
+ * best any popularity-based policy can do when routing is independent from token to token). */
+#define POLICY_BELADY POLICY_COUNT
+#define POLICY_ORACLE_FREQ (POLICY_COUNT + 1)
+
 /* The policy an expert cache uses unless told otherwise. */
 #define POLICY_DEFAULT POLICY_LFU
 
 typedef struct policy policy;
 
-/* Name ("lru", "lfu", "arc", "reuse") of a kind, and the kind of a name (-1 if unknown). */
+/* Name ("lru", "lfu", "arc", "reuse", "belady", "oracle-lfu") of a kind, and the kind of a name (-1 if unknown). */
 const char *policy_name(int kind);
 int policy_parse(const char *name);
 
@@ -33,6 +38,8 @@ policy *policy_new(int kind, int n_slots, int n_groups, const int64_t *base);
 void policy_free(policy *p);
 /* One use of key (before the caller looks it up): frequency and history bookkeeping. */
 void policy_request(policy *p, int64_t key);
+/* Prior knowledge: key was asked for about `weight` times in earlier runs (warming from saved heat). */
+void policy_seed(policy *p, int64_t key, double weight);
 /* The key of this slot was used now (recency). */
 void policy_touch(policy *p, int slot);
 /* Slot now holds key / slot is empty again. */
@@ -48,11 +55,12 @@ typedef struct policy_trace {
     int64_t n, n_rec;
     int n_groups;
     const int64_t *base;
+    int64_t count_from;      /* hits of accesses before this index are not counted (a warm-up prefix) */
 } policy_trace;
 
 /* Simulates a cache of n_slots over the trace, starting empty; returns the hits. As in the cache, a record's
- * experts are not evicted while the record is served (its prefetch list is known). kind is a policy_kind, or
- * POLICY_COUNT for Belady's offline optimum. */
+ * experts are not evicted while the record is served (its prefetch list is known). kind is a policy_kind,
+ * POLICY_BELADY or POLICY_ORACLE_FREQ. */
 uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots);
 
 #endif

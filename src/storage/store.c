@@ -28,6 +28,7 @@
 #include "int8_spine.h"
 #include "policy.h"
 #include "trace.h"
+#include "heat.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -116,6 +117,8 @@ struct df_store {
     int n_int8, n_int8_files;
     uint64_t int8_bytes, int8_replaced_bytes;
     rtrace_writer *trace;            /* --trace-routing */
+    heat *heat;                      /* per-expert heat (DF_HEAT_ON / DF_HEAT_READ) */
+    char heat_note[512];
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -837,6 +840,18 @@ static int store_policy_open(df_store *st, df_error *err) {
     if (kind < 0 || kind > POLICY_COUNT)
         return df_error_set(err, DF_EINVAL, "unknown expert cache policy %d", kind), DF_EINVAL;
     ecache_set_policy(st->cache, kind ? kind - 1 : POLICY_DEFAULT);
+    if (st->opts.heat) st->heat = heat_load(st->dir, st->n_layers, st->n_experts, st->heat_note, sizeof st->heat_note);
+    if (st->opts.heat == DF_HEAT_ON) {   /* warm with the hottest, as many as there are slots */
+        ecache_stats cs;
+        ecache_get_stats(st->cache, &cs);
+        int *layers = xmalloc(sizeof *layers * (size_t)cs.slots), *ids = xmalloc(sizeof *ids * (size_t)cs.slots);
+        float *w = xmalloc(sizeof *w * (size_t)cs.slots);
+        int n = heat_top(st->heat, cs.slots, layers, ids, w);
+        if (n) ecache_warm(st->cache, n, layers, ids, w);
+        free(layers);
+        free(ids);
+        free(w);
+    }
     if (!st->opts.trace_path) return DF_OK;
     return rtrace_writer_open(&st->trace, st->opts.trace_path, st->n_layers, st->n_experts, err);
 }
@@ -944,6 +959,8 @@ void store_free(df_store *st) {
     if (!st) return;
     ecache_free(st->cache);
     rtrace_writer_close(st->trace, &(df_error){0});
+    if (st->heat && st->opts.heat == DF_HEAT_ON) heat_save(st->heat, st->dir, &(df_error){0});   /* best effort */
+    heat_free(st->heat);
     spine_free(st->spine);
     io_pool_free(st->pool);
     io_source_free(st->src_expert);
@@ -1077,6 +1094,7 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
         int rc = rtrace_writer_record(st->trace, layer, ids, n, err);
         if (rc) return rc;
     }
+    if (st->heat && n) heat_add(st->heat, layer, ids, n);
     if (n) ecache_prefetch(st->cache, layer, ids, n);
     return DF_OK;
 }
@@ -1094,6 +1112,12 @@ int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_erro
     if (rc) return rc;
     return ecache_acquire(st->cache, layer, e, out, err);
 }
+
+void store_warm_wait(df_store *st) {
+    if (st->cache) ecache_warm_wait(st->cache);
+}
+
+const char *store_heat_note(const df_store *st) { return st->heat_note; }
 
 void store_expert_release(df_store *st, int layer, int e) {
     if (store_expert_locate(st, layer, e)) ecache_release(st->cache, layer, e);
@@ -1113,6 +1137,7 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->hint_loads = c.hint_loads;
         o->hint_requests = c.hint_requests;
         o->hint_recalled = c.hint_recalled;
+        o->warm_loads = c.warm_loads;
     }
     o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
     o->expert_requests = atomic_load(&st->expert_requests);
@@ -1241,6 +1266,12 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
         store_printf(&b, "\n");
     }
     store_describe_experts(st, &b);
+    if (st->heat) {
+        char line[256];
+        heat_summary(st->heat, line, sizeof line);
+        store_printf(&b, "%s\n", line);
+        if (st->heat_note[0]) store_printf(&b, "warning: %s\n", st->heat_note);
+    }
     store_printf(&b, "dtypes (text tensors):");
     for (int i = 0; i < st->n_dtypes; i++)
         store_printf(&b, " %s %lld%s", st->dtypes[i].name, (long long)st->dtypes[i].count,

@@ -35,6 +35,7 @@ typedef struct store_opts {
     int spine_int8;          /* 1: spine matrices from the int8 sidecar (int8_spine.h); an error if it is absent */
     int cache_policy;        /* DF_CACHE_* of deltafin.h: expert replacement policy; 0 = the default */
     const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
+    int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -52,6 +53,7 @@ typedef struct store_stats {
     int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
     uint64_t hint_loads, hint_requests, hint_recalled;   /* look-ahead: reads, experts asked, of them hinted */
+    uint64_t warm_loads;                  /* reads started by warming from saved heat */
 } store_stats;
 
 int store_open(df_store **out, const char *dir, df_error *err);
@@ -90,6 +92,10 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
  * slots at low priority, leaving the current prefetch alone. Out-of-range ids are ignored. */
 void store_experts_hint(df_store *st, int layer, const int *ids, int n);
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
+/* Waits until warming from saved heat has read what it will (nothing to wait for without heat). */
+void store_warm_wait(df_store *st);
+/* Why a saved heat file was ignored, or "" (heat off, absent or valid). */
+const char *store_heat_note(const df_store *st);
 void store_expert_release(df_store *st, int layer, int e);
 
 /* Describes the checkpoint for `deltafin info`: tensors, bytes of spine vs experts, dtypes, expert spans,

@@ -15,7 +15,7 @@ static uint64_t sim(int kind, const int64_t *keys, int64_t n, int slots, int64_t
     int64_t rec[64], base[2] = {0, n_keys};
     DF_ASSERT(n < 64);
     for (int64_t i = 0; i <= n; i++) rec[i] = i;
-    policy_trace t = {keys, rec, n, n, 1, base};
+    policy_trace t = {keys, rec, n, n, 1, base, 0};
     return policy_simulate(kind, &t, slots);
 }
 
@@ -116,7 +116,7 @@ static void test_cache_matches_sim(void) {
     static int64_t keys[TTOK * TL * TK], rec[TTOK * TL + 1];
     int64_t base[TL + 1];
     make_trace(keys, rec, base);
-    policy_trace pt = {keys, rec, TTOK * TL * TK, TTOK * TL, TL, base};
+    policy_trace pt = {keys, rec, TTOK * TL * TK, TTOK * TL, TL, base, 0};
     int ne[TL] = {TE, TE, TE};
     for (int kind = 0; kind < POLICY_COUNT; kind++) {
         io_pool *pool = io_pool_new(1);
