@@ -59,6 +59,8 @@ typedef struct df_engine_opts {
     const char *trace_routing;   /* append every layer's expert selection to this file (`deltafin bench cache`) */
     int heat;                 /* DF_HEAT_ON: count expert use into DIR/.deltafin/heat (saved at close) and warm the
                                  cache from it in the background on open; DF_HEAT_READ: show it only; 0 = off */
+    int64_t head_tile_rows;   /* > 0: stream the spine with lm_head read in tiles of this many rows even when it would
+                                 fit (tests; a tight budget tiles lm_head by itself) */
 } df_engine_opts;
 
 enum { DF_HEAT_OFF = 0, DF_HEAT_ON = 1, DF_HEAT_READ = 2 };
@@ -115,6 +117,7 @@ typedef struct df_stats {
     uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
                                                           how many of them the guess named (recall) */
     uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
+    int head_tiles;                        /* lm_head streamed in this many row tiles (0: in memory whole) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 /* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */

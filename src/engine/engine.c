@@ -35,7 +35,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     df_engine *e = xcalloc(1, sizeof *e);
     store_opts so = {opts->mem_budget, opts->expert_cache_slots, opts->spine_stream, opts->buffered_io,
                      opts->io_threads, opts->remote_url, opts->io_mode, opts->spine == DF_SPINE_INT8,
-                     opts->cache_policy, opts->trace_routing, opts->heat};
+                     opts->cache_policy, opts->trace_routing, opts->heat, opts->head_tile_rows};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -191,6 +191,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->lookahead_requests = ss.hint_requests;
     out->lookahead_recalled = ss.hint_recalled;
     out->warm_loads = ss.warm_loads;
+    out->head_tiles = ss.head_tiles;
 }
 
 void df_engine_warm_wait(df_engine *e) { store_warm_wait(e->store); }

@@ -29,6 +29,7 @@
 #include "policy.h"
 #include "trace.h"
 #include "heat.h"
+#include "tiles.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -117,7 +118,12 @@ struct df_store {
     int n_int8, n_int8_files;
     uint64_t int8_bytes, int8_replaced_bytes;
     rtrace_writer *trace;            /* --trace-routing */
+    uint64_t plan_need;              /* bytes the streaming plan needs (0: spine mapped) */
+    uint64_t min_budget;             /* smallest budget this model opens with: all streamed, lm_head tiled */
+    uint64_t min_slots;
     heat *heat;                      /* per-expert heat (DF_HEAT_ON / DF_HEAT_READ) */
+    int head_tiled;                  /* lm_head streams in row tiles (tiles.h) instead of staying resident */
+    tiles head;
     char heat_note[512];
 };
 
@@ -790,6 +796,7 @@ static void store_unit_init(df_store *st, int layer, spine_unit *u) {
     for (int i = 0; i < n; i++) {
         region[i] = -1;
         if (layer == st->n_layers && !strcmp(items[i].key, "model.embed_tokens.weight")) continue;
+        if (layer == st->n_layers && st->head_tiled && !strcmp(items[i].key, "lm_head.weight")) continue;
         region[i] = store_item_region(items, region, i);
         if (region[i] >= 0) continue;
         store_ref r = items[i].ref;
@@ -798,9 +805,11 @@ static void store_unit_init(df_store *st, int layer, spine_unit *u) {
     }
     if (layer < st->n_layers) {
         snprintf(u->name, sizeof u->name, "layer %d", layer);
+        free(st->layers[layer].region);
         st->layers[layer].region = region;
     } else {
         snprintf(u->name, sizeof u->name, "the top-level tensors");
+        free(st->global_region);
         st->global_region = region;
     }
 }
@@ -810,15 +819,16 @@ static int store_cmp_size_desc(const void *a, const void *b) {
     return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Chooses resident layers (largest first) so that resident + two stream buffers fit avail. */
-static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail) {
+/* Chooses resident layers (largest first) so that resident + two stream buffers (of at least buf_floor bytes)
+ * fit avail. */
+static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail, uint64_t buf_floor) {
     int n = st->n_layers;
     uint64_t (*by)[2] = xmalloc(sizeof *by * (size_t)(n + 1));
     for (int l = 0; l < n; l++) by[l][0] = spine_unit_bytes(&u[l]), by[l][1] = (uint64_t)l;
     qsort(by, (size_t)n, sizeof *by, store_cmp_size_desc);
     uint64_t used = 0, skipped_max = 0;
     for (int j = 0; j < n && !st->opts.spine_stream; j++) {
-        uint64_t rest = DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0);
+        uint64_t rest = DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
         if (used + by[j][0] + 2 * rest <= avail) {
             used += by[j][0];
             u[by[j][1]].resident = 1;
@@ -856,6 +866,59 @@ static int store_policy_open(df_store *st, df_error *err) {
     return rtrace_writer_open(&st->trace, st->opts.trace_path, st->n_layers, st->n_experts, err);
 }
 
+/* lm_head can be tiled when it is a plain matrix (the int8 copy keeps its row scales apart). */
+static int store_head_tileable(const df_store *st) {
+    const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+    return h && h->usable && !h->int8 && h->view.ndim == 2 && h->view.shape[0] >= 2;
+}
+
+/* Spine units for streaming: one per layer, the top-level tensors (resident, without the embedding, which
+ * stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan needs
+ * (reserve, resident spine, two stream buffers, the minimum cache). */
+static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, spine_unit **out,
+                                  int *n_units) {
+    st->head_tiled = tiled;
+    const store_item *h = tiled ? store_find_item(st->globals, st->n_globals, "lm_head.weight") : NULL;
+    uint64_t row = h ? tensor_row_bytes(&h->view) : 0, floor = 0;
+    if (h) {   /* tiles of the requested rows, else of the largest layer (at least 64 MiB, to keep reads big) */
+        floor = st->opts.head_tile_rows > 0 ? (uint64_t)st->opts.head_tile_rows * row : 64ull << 20;
+        tiles_init(&st->head, &h->view, row, floor, st->n_layers + 1);
+    }
+    int n = st->n_layers + 1 + (h ? st->head.n : 0);
+    spine_unit *u = xcalloc((size_t)n, sizeof *u);
+    for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
+    u[st->n_layers].resident = 1;
+    uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
+    if (fixed < budget) store_choose_resident(st, u, budget - fixed, floor);
+    uint64_t big = 0;
+    for (int l = 0; l < st->n_layers; l++)
+        if (u[l].resident) need += spine_unit_bytes(&u[l]);
+        else big = DF_MAX(big, spine_unit_bytes(&u[l]));
+    if (h) {
+        if (st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, st->n_layers + 1);
+        tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, u + st->n_layers + 1);
+        for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[st->n_layers + 1 + j]));
+    }
+    *out = u;
+    *n_units = n;
+    return need + 2 * big;
+}
+
+/* The smallest budget the planner accepts: every layer streamed, lm_head tiled when it can be, the minimum
+ * cache, and the working reserve, which is a 16th of the budget within [64 MiB, 1 GiB]. Run before the real
+ * plan, which rebuilds the units. */
+static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
+    spine_unit *u = NULL;
+    int n = 0, tiled = store_head_tileable(st);
+    uint64_t need = store_stream_plan(st, 0, min_cache, tiled, &u, &n) - st->reserve_bytes;
+    for (int i = 0; i < n; i++) free(u[i].r);
+    free(u);
+    st->head_tiled = 0;
+    if (need + (64ull << 20) <= (1ull << 30)) return need + (64ull << 20);
+    if (need / 15 * 16 <= (16ull << 30)) return (need + 14) / 15 * 16;
+    return need + (1ull << 30);
+}
+
 static int store_plan(df_store *st, df_error *err) {
     uint64_t budget = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes();
     st->opts.mem_budget = budget;
@@ -870,29 +933,31 @@ static int store_plan(df_store *st, df_error *err) {
     uint64_t min_slots = (uint64_t)DF_MIN(st->n_experts_total, STORE_MIN_SLOTS);
     if (st->opts.cache_slots > 0) min_slots = (uint64_t)st->opts.cache_slots;
     uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
+    st->min_slots = min_slots;
+    st->min_budget = store_min_budget(st, min_cache);
     char b1[32], b2[32];
-    if (st->opts.spine_stream || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
-        spine_unit *u = xcalloc((size_t)st->n_layers + 1, sizeof *u);
-        for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
-        u[st->n_layers].resident = 1;
-        uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
-        if (fixed < budget) store_choose_resident(st, u, budget - fixed);
-        uint64_t big = 0;
-        for (int l = 0; l < st->n_layers; l++)
-            if (u[l].resident) need += spine_unit_bytes(&u[l]);
-            else big = DF_MAX(big, spine_unit_bytes(&u[l]));
-        need += 2 * big;
+    if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
+        int n_units = 0;
+        spine_unit *u = NULL;
+        uint64_t need = store_stream_plan(st, budget, min_cache, st->opts.head_tile_rows > 0, &u, &n_units);
+        if (need > budget && !st->head_tiled && store_head_tileable(st)) {   /* lm_head resident does not fit */
+            for (int l = 0; l < n_units; l++) free(u[l].r);
+            free(u);
+            need = store_stream_plan(st, budget, min_cache, 1, &u, &n_units);
+        }
+        st->plan_need = need;
         if (need > budget) {
             store_print_gib(b1, sizeof b1, budget);
             store_print_gib(b2, sizeof b2, need);
-            for (int l = 0; l <= st->n_layers; l++) free(u[l].r);
+            for (int l = 0; l < n_units; l++) free(u[l].r);
             free(u);
             return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
                                 "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
-                                "largest streamed layer and %llu expert slots)", st->dir, b1, b2,
-                                (unsigned long long)min_slots), DF_ENOMEM;
+                                "largest streamed layer or lm_head tile and %llu expert slots); the smallest budget "
+                                "it runs in is %.2f GiB", st->dir, b1, b2, (unsigned long long)min_slots,
+                                (double)st->min_budget / (1ull << 30)), DF_ENOMEM;
         }
-        int rc = spine_new(&st->spine, st->src_spine, st->pool, st->n_layers + 1, u, err);
+        int rc = spine_new(&st->spine, st->src_spine, st->pool, n_units, u, err);
         if (rc) return rc;
         spine_used = spine_resident_bytes(st->spine) + spine_stream_bytes(st->spine);
         uint8_t *gbase = NULL;
@@ -1113,6 +1178,26 @@ int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_erro
     return ecache_acquire(st->cache, layer, e, out, err);
 }
 
+int store_head_tiles(const df_store *st, int64_t *rows_per_tile) {
+    if (!st->head_tiled) {
+        const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+        *rows_per_tile = h && h->view.ndim == 2 ? h->view.shape[0] : 0;
+        return 1;
+    }
+    *rows_per_tile = st->head.per;
+    return st->head.n;
+}
+
+int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err) {
+    if (!st->head_tiled || j < 0 || j >= st->head.n)
+        return df_error_set(err, DF_EINVAL, "%s: lm_head tile %d does not exist", st->dir, j), DF_EINVAL;
+    return tiles_acquire(st->spine, &st->head, j, out, err);
+}
+
+void store_head_tile_release(df_store *st, int j) {
+    if (st->head_tiled && j >= 0 && j < st->head.n) tiles_release(st->spine, &st->head, j);
+}
+
 void store_warm_wait(df_store *st) {
     if (st->cache) ecache_warm_wait(st->cache);
 }
@@ -1149,6 +1234,7 @@ void store_get_stats(df_store *st, store_stats *o) {
     o->reserve_bytes = st->reserve_bytes;
     o->expert_slot_bytes = st->slot_bytes;
     o->spine_mapped = !st->spine;
+    o->head_tiles = st->head_tiled ? st->head.n : 0;
     if (st->spine) {
         o->resident_spine_bytes = spine_resident_bytes(st->spine);
         o->stream_buffer_bytes = spine_stream_bytes(st->spine);
@@ -1233,6 +1319,39 @@ static void store_describe_experts(const df_store *st, store_buf *b) {
                      "them\n", (long long)noncontig, (long long)n);
 }
 
+static void store_describe_plan(const df_store *st, store_buf *b) {
+    store_printf(b, "memory plan for a budget of ");
+    store_print_bytes(b, st->opts.mem_budget);
+    store_printf(b, ":\n  working reserve ");
+    store_print_bytes(b, st->reserve_bytes);
+    if (!st->spine) {
+        store_printf(b, "\n  spine: served from the file mapping (it fits): ");
+        store_print_bytes(b, st->spine_bytes);
+    } else {
+        store_printf(b, "\n  spine resident: ");
+        store_print_bytes(b, spine_resident_bytes(st->spine));
+        store_printf(b, "\n  spine streamed: %d layers through two buffers of ", spine_streamed_units(st->spine) -
+                     (st->head_tiled ? st->head.n : 0));
+        store_print_bytes(b, spine_stream_bytes(st->spine) / 2);
+        store_printf(b, "\n  embedding: rows read on demand from the file mapping (not resident)");
+        if (st->head_tiled)
+            store_printf(b, "\n  lm_head: streamed in %d tiles of %lld rows through the same buffers", st->head.n,
+                         (long long)st->head.per);
+        else store_printf(b, "\n  lm_head: resident");
+    }
+    if (st->cache) {
+        ecache_stats c;
+        ecache_get_stats(st->cache, &c);
+        store_printf(b, "\n  expert cache: %d slots of ", c.slots);
+        store_print_bytes(b, c.slot_bytes);
+        store_printf(b, " (%.1f%% of the %lld routed experts)", 100.0 * c.slots / (double)DF_MAX(st->n_experts_total, 1),
+                     (long long)st->n_experts_total);
+    }
+    store_printf(b, "\n  smallest budget this model runs in: ");
+    store_print_bytes(b, st->min_budget);
+    store_printf(b, " (every layer streamed, lm_head tiled, %llu expert slots)\n", (unsigned long long)st->min_slots);
+}
+
 void store_describe(const df_store *st, char *buf, size_t cap) {
     if (!cap) return;
     size_t len = strnlen(buf, cap);
@@ -1266,6 +1385,7 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
         store_printf(&b, "\n");
     }
     store_describe_experts(st, &b);
+    store_describe_plan(st, &b);
     if (st->heat) {
         char line[256];
         heat_summary(st->heat, line, sizeof line);

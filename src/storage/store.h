@@ -36,6 +36,7 @@ typedef struct store_opts {
     int cache_policy;        /* DF_CACHE_* of deltafin.h: expert replacement policy; 0 = the default */
     const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
     int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
+    int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -54,6 +55,7 @@ typedef struct store_stats {
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
     uint64_t hint_loads, hint_requests, hint_recalled;   /* look-ahead: reads, experts asked, of them hinted */
     uint64_t warm_loads;                  /* reads started by warming from saved heat */
+    int head_tiles;                       /* lm_head streamed in this many row tiles (0: in memory whole) */
 } store_stats;
 
 int store_open(df_store **out, const char *dir, df_error *err);
@@ -92,6 +94,12 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
  * slots at low priority, leaving the current prefetch alone. Out-of-range ids are ignored. */
 void store_experts_hint(df_store *st, int layer, const int *ids, int n);
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
+/* How lm_head is served: 1 tile when it is in memory whole, else n tiles of *rows_per_tile rows (the last may
+ * be shorter) to take one at a time, in order; the next is read while one is used. */
+int store_head_tiles(const df_store *st, int64_t *rows_per_tile);
+/* Tile j of lm_head as a [rows, d] view, valid until store_head_tile_release. */
+int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err);
+void store_head_tile_release(df_store *st, int j);
 /* Waits until warming from saved heat has read what it will (nothing to wait for without heat). */
 void store_warm_wait(df_store *st);
 /* Why a saved heat file was ignored, or "" (heat off, absent or valid). */
