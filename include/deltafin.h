@@ -61,6 +61,8 @@ typedef struct df_engine_opts {
                                  cache from it in the background on open; DF_HEAT_READ: show it only; 0 = off */
     int64_t head_tile_rows;   /* > 0: stream the spine with lm_head read in tiles of this many rows even when it would
                                  fit (tests; a tight budget tiles lm_head by itself) */
+    const char *expert_dirs;  /* "A,B": where `deltafin place` put the experts, when the folders moved; the
+                                 placement in DIR/.deltafin is used without it */
 } df_engine_opts;
 
 enum { DF_HEAT_OFF = 0, DF_HEAT_ON = 1, DF_HEAT_READ = 2 };

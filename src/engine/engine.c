@@ -35,7 +35,8 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     df_engine *e = xcalloc(1, sizeof *e);
     store_opts so = {opts->mem_budget, opts->expert_cache_slots, opts->spine_stream, opts->buffered_io,
                      opts->io_threads, opts->remote_url, opts->io_mode, opts->spine == DF_SPINE_INT8,
-                     opts->cache_policy, opts->trace_routing, opts->heat, opts->head_tile_rows};
+                     opts->cache_policy, opts->trace_routing, opts->heat, opts->head_tile_rows,
+                     opts->expert_dirs};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);

@@ -30,6 +30,7 @@
 #include "trace.h"
 #include "heat.h"
 #include "tiles.h"
+#include "place.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -121,6 +122,7 @@ struct df_store {
     uint64_t plan_need;              /* bytes the streaming plan needs (0: spine mapped) */
     uint64_t min_budget;             /* smallest budget this model opens with: all streamed, lm_head tiled */
     uint64_t min_slots;
+    placement place;                 /* experts copied to other folders (n_folders 0: none) */
     heat *heat;                      /* per-expert heat (DF_HEAT_ON / DF_HEAT_READ) */
     int head_tiled;                  /* lm_head streams in row tiles (tiles.h) instead of staying resident */
     tiles head;
@@ -740,7 +742,12 @@ static int store_expert_load(void *ctx, int layer, int e, uint8_t *slot, df_expe
     snprintf(what, sizeof what, "expert %d of layer %d", e, layer);
     io_source *src = st->src_expert;
     if (x->one_read) {
-        int rc = src->read(src, x->loc.shard, x->loc.offset, x->loc.length, slot, what, err);
+        int file = x->loc.shard, f = -1;
+        uint64_t at = x->loc.offset, len;
+        if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &at, &len);
+        if (f >= 0) file = st->n_shards + f;
+        else at = x->loc.offset;
+        int rc = src->read(src, file, at, x->loc.length, slot, what, err);
         if (rc) return rc;
         const uint8_t *base = slot + x->loc.offset % IO_ALIGN;
         for (int m = 0; m < 3; m++)
@@ -983,11 +990,35 @@ static int store_plan(df_store *st, df_error *err) {
     return store_policy_open(st, err);
 }
 
+/* Experts placed in other folders: checked against the checkpoint's spans, read from file n_shards + folder. */
+static int store_open_place(df_store *st, df_error *err) {
+    int found = 0;
+    int rc = placement_load(&st->place, st->dir, st->n_layers, st->n_experts, st->opts.expert_dirs, &found, err);
+    if (rc || !found) return rc;
+    if (st->opts.remote_url)
+        return df_error_set(err, DF_EINVAL, "%s: experts placed in other folders cannot also stream from --remote",
+                            st->dir), DF_EINVAL;
+    for (int l = 0; l < st->n_layers; l++)
+        for (int e = 0; e < st->n_experts[l]; e++) {
+            int f;
+            uint64_t off, len;
+            placement_where(&st->place, l, e, &f, &off, &len);
+            const store_expert *x = &st->experts[l][e];
+            if (f >= 0 && (!x->loc.contiguous || off % IO_ALIGN != x->loc.offset % IO_ALIGN || len != x->loc.length))
+                return df_error_set(err, DF_EFORMAT, "%s: the placement of expert %d of layer %d does not match the "
+                                    "checkpoint (place it again)", st->place.files[f], e, l), DF_EFORMAT;
+        }
+    return DF_OK;
+}
+
 static int store_open_io(df_store *st, df_error *err) {
-    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + 1));
+    int rc = store_open_place(st, err);
+    if (rc) return rc;
+    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + st->place.n_folders + 1));
     for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
+    for (int f = 0; f < st->place.n_folders; f++) paths[st->n_shards + f] = st->place.files[f];
     io_local_opts lo = {!st->opts.buffered_io, st->opts.io_kind};
-    int rc = io_local_open_ex(&st->src_expert, st->n_shards, paths, &lo, err);
+    rc = io_local_open_ex(&st->src_expert, st->n_shards + st->place.n_folders, paths, &lo, err);
     if (!rc) rc = io_install_wrap(&st->src_expert, st->dir, st->n_shards, st->opts.remote_url, err);
     if (!rc) rc = io_local_open_ex(&st->src_spine, st->n_shards, paths, &lo, err);
     free(paths);
@@ -1026,6 +1057,7 @@ void store_free(df_store *st) {
     rtrace_writer_close(st->trace, &(df_error){0});
     if (st->heat && st->opts.heat == DF_HEAT_ON) heat_save(st->heat, st->dir, &(df_error){0});   /* best effort */
     heat_free(st->heat);
+    placement_free(&st->place);
     spine_free(st->spine);
     io_pool_free(st->pool);
     io_source_free(st->src_expert);

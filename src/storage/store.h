@@ -37,6 +37,7 @@ typedef struct store_opts {
     const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
     int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
     int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
+    const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
