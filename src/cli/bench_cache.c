@@ -94,7 +94,8 @@ int bench_cache(int argc, char **argv) {
         } else {
             printf("%5g%% %7d", sizes[s], slots);
             for (int k = 0; k <= POLICY_ORACLE_FREQ; k++) printf(" %10.4f", rate[k]);
-            for (int k = 1; k < POLICY_COUNT; k++) printf("  %7.1f%%", gap > 0 ? 100 * (rate[k] - rate[0]) / gap : 100.0);
+            for (int k = 1; k < POLICY_COUNT; k++)
+                printf("  %7.1f%%", gap > 0 ? 100 * (rate[k] - rate[0]) / gap : 100.0);
             printf("\n");
         }
     }

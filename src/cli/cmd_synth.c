@@ -451,8 +451,8 @@ int cmd_synth(int argc, char **argv) {
         default:
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR [--vocab V] "
-                    "[--topk K] [--seed S] [--route-skew Z]\n  N decoder layers: layer 0 dense, layers 1..N-1 MoE with E "
-                    "experts each; real hidden sizes and dtypes of the family\n  --route-skew Z: router biases make "
+                    "[--topk K] [--seed S] [--route-skew Z]\n  N decoder layers: layer 0 dense, layers 1..N-1 MoE "
+                    "with E experts each; real hidden sizes and dtypes of the family\n  --route-skew Z: router biases make "
                     "expert popularity a Zipf law with exponent Z (0 = balanced)\n");
             return c == 'h' ? 0 : 2;
         }
@@ -462,7 +462,8 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: need --family k3|kimi-linear, --layers N >= 1, --experts E >= 1, -o DIR\n");
         return 2;
     }
-    syn_dims D = k3 ? (syn_dims){1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0, NULL}
+    syn_dims D = k3 ? (syn_dims){1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0,
+                                 NULL}
                     : (syn_dims){0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0, NULL};
     D.layers = layers;
     D.experts = experts;

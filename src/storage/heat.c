@@ -31,7 +31,9 @@ static uint64_t heat_fnv(const uint8_t *p, size_t n) {
     return h;
 }
 
-static uint32_t heat_u32(const uint8_t *p) { return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24; }
+static uint32_t heat_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
 
 static void heat_put_u32(uint8_t *p, uint32_t v) {
     for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
@@ -43,7 +45,8 @@ static int heat_parse(heat *h, const uint8_t *b, size_t len, const char *path, c
     size_t want = 8 + 4 + 4 * (size_t)h->n_layers + 4 * (size_t)n + 8;
     const char *why = NULL;
     if (len < 16 || memcmp(b, HEAT_MAGIC, 8)) why = "not a heat file";
-    else if (heat_u32(b + 8) != (uint32_t)h->n_layers || len != want) why = "made for another model shape, or truncated";
+    else if (heat_u32(b + 8) != (uint32_t)h->n_layers || len != want)
+        why = "made for another model shape, or truncated";
     for (int l = 0; !why && l < h->n_layers; l++)
         if (heat_u32(b + 12 + 4 * (size_t)l) != (uint32_t)h->n_experts[l]) why = "made for another model shape";
     uint64_t sum = 0;

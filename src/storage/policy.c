@@ -287,7 +287,8 @@ static uint64_t sim_belady(const policy_trace *t, int n_slots) {
     }
     int *where = xmalloc(sizeof *where * (size_t)n_keys);
     for (int64_t k = 0; k < n_keys; k++) where[k] = -1;
-    int64_t *slot_key = xmalloc(sizeof *slot_key * (size_t)n_slots), *slot_next = xmalloc(sizeof *slot_next * (size_t)n_slots);
+    int64_t *slot_key = xmalloc(sizeof *slot_key * (size_t)n_slots);
+    int64_t *slot_next = xmalloc(sizeof *slot_next * (size_t)n_slots);
     int used = 0;
     uint64_t hits = 0;
     for (int64_t i = 0; i < n; i++) {

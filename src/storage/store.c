@@ -119,7 +119,6 @@ struct df_store {
     int n_int8, n_int8_files;
     uint64_t int8_bytes, int8_replaced_bytes;
     rtrace_writer *trace;            /* --trace-routing */
-    uint64_t plan_need;              /* bytes the streaming plan needs (0: spine mapped) */
     uint64_t min_budget;             /* smallest budget this model opens with: all streamed, lm_head tiled */
     uint64_t min_slots;
     placement place;                 /* experts copied to other folders (n_folders 0: none) */
@@ -742,11 +741,10 @@ static int store_expert_load(void *ctx, int layer, int e, uint8_t *slot, df_expe
     snprintf(what, sizeof what, "expert %d of layer %d", e, layer);
     io_source *src = st->src_expert;
     if (x->one_read) {
-        int file = x->loc.shard, f = -1;
-        uint64_t at = x->loc.offset, len;
-        if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &at, &len);
-        if (f >= 0) file = st->n_shards + f;
-        else at = x->loc.offset;
+        int file = x->loc.shard, f = -1;   /* placed in another folder: the same bytes at another offset */
+        uint64_t at = x->loc.offset, placed_at = 0, placed_len = 0;
+        if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &placed_at, &placed_len);
+        if (f >= 0) file = st->n_shards + f, at = placed_at;
         int rc = src->read(src, file, at, x->loc.length, slot, what, err);
         if (rc) return rc;
         const uint8_t *base = slot + x->loc.offset % IO_ALIGN;
@@ -884,8 +882,9 @@ static int store_head_tileable(const df_store *st) {
  * (reserve, resident spine, two stream buffers, the minimum cache). */
 static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, spine_unit **out,
                                   int *n_units) {
-    st->head_tiled = tiled;
-    const store_item *h = tiled ? store_find_item(st->globals, st->n_globals, "lm_head.weight") : NULL;
+    const store_item *h =
+        tiled && store_head_tileable(st) ? store_find_item(st->globals, st->n_globals, "lm_head.weight") : NULL;
+    st->head_tiled = h != NULL;
     uint64_t row = h ? tensor_row_bytes(&h->view) : 0, floor = 0;
     if (h) {   /* tiles of the requested rows, else of the largest layer (at least 64 MiB, to keep reads big) */
         floor = st->opts.head_tile_rows > 0 ? (uint64_t)st->opts.head_tile_rows * row : 64ull << 20;
@@ -916,8 +915,8 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
  * plan, which rebuilds the units. */
 static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
     spine_unit *u = NULL;
-    int n = 0, tiled = store_head_tileable(st);
-    uint64_t need = store_stream_plan(st, 0, min_cache, tiled, &u, &n) - st->reserve_bytes;
+    int n = 0;
+    uint64_t need = store_stream_plan(st, 0, min_cache, 1, &u, &n) - st->reserve_bytes;
     for (int i = 0; i < n; i++) free(u[i].r);
     free(u);
     st->head_tiled = 0;
@@ -952,7 +951,6 @@ static int store_plan(df_store *st, df_error *err) {
             free(u);
             need = store_stream_plan(st, budget, min_cache, 1, &u, &n_units);
         }
-        st->plan_need = need;
         if (need > budget) {
             store_print_gib(b1, sizeof b1, budget);
             store_print_gib(b2, sizeof b2, need);
@@ -1376,8 +1374,8 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
         ecache_get_stats(st->cache, &c);
         store_printf(b, "\n  expert cache: %d slots of ", c.slots);
         store_print_bytes(b, c.slot_bytes);
-        store_printf(b, " (%.1f%% of the %lld routed experts)", 100.0 * c.slots / (double)DF_MAX(st->n_experts_total, 1),
-                     (long long)st->n_experts_total);
+        store_printf(b, " (%.1f%% of the %lld routed experts)",
+                     100.0 * c.slots / (double)DF_MAX(st->n_experts_total, 1), (long long)st->n_experts_total);
     }
     store_printf(b, "\n  smallest budget this model runs in: ");
     store_print_bytes(b, st->min_budget);
