@@ -23,6 +23,7 @@ struct heat {
     int64_t *base;
     float *old;          /* loaded from the file */
     float *now;          /* counted by this run */
+    int recorded;        /* heat_add was called: a save has something new to write */
 };
 
 static uint64_t heat_fnv(const uint8_t *p, size_t n) {
@@ -110,10 +111,12 @@ void heat_free(heat *h) {
 void heat_add(heat *h, int layer, const int *ids, int n) {
     pthread_mutex_lock(&h->mu);
     for (int i = 0; i < n; i++) h->now[h->base[layer] + ids[i]] += 1.0f;
+    h->recorded |= n > 0;
     pthread_mutex_unlock(&h->mu);
 }
 
 int heat_save(heat *h, const char *dir, df_error *err) {
+    if (!h->recorded) return DF_OK;   /* a run that asked for nothing (deltafin warm) leaves the heat as it was */
     int64_t n = h->base[h->n_layers];
     size_t len = 8 + 4 + 4 * (size_t)h->n_layers + 4 * (size_t)n + 8;
     uint8_t *b = xmalloc(len);

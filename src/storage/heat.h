@@ -22,7 +22,8 @@ heat *heat_load(const char *dir, int n_layers, const int *n_experts, char *note,
 void heat_free(heat *h);
 /* Counts one request for each of these experts of this layer (thread-safe). */
 void heat_add(heat *h, int layer, const int *ids, int n);
-/* Writes the table (earlier runs' heat decayed, this run's added) to DIR/.deltafin/heat atomically. */
+/* Writes the table (earlier runs' heat decayed, this run's added) to DIR/.deltafin/heat atomically; nothing when
+ * this run counted no request. */
 int heat_save(heat *h, const char *dir, df_error *err);
 /* Up to max experts with heat, hottest first: their layers, ids and heat. Returns how many. */
 int heat_top(const heat *h, int max, int *layers, int *ids, float *weights);

@@ -44,6 +44,15 @@ static void test_roundtrip(void) {
     char line[256];
     heat_summary(h, line, sizeof line);
     CHECK(strstr(line, "over 3 of 12 experts") != NULL, "summary: %s", line);
+    char *path = heat_path();
+    size_t n0 = 0, n1 = 0;
+    char *before = df_read_file(path, &n0, &err);
+    CHECK(heat_save(h, tmp, &err) == DF_OK, "a run that asked for nothing saves nothing");
+    char *after = df_read_file(path, &n1, &err);
+    CHECK(before && after && n0 == n1 && !memcmp(before, after, n0), "heat of a run without requests not decayed");
+    free(before);
+    free(after);
+    free(path);
     heat_free(h);
 }
 
