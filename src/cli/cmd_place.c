@@ -1,11 +1,14 @@
 /* cmd_place.c — `deltafin place -m DIR --to A,B[,...] [--weights 2,1]`: copies the routed experts into folders
  * on other devices (place.h), each getting a share of the expected reads proportional to its weight (hot experts
  * by saved heat spread first), so that decoding reads from all devices at once. Resumes an interrupted run. */
+#include <errno.h>
+#include <fcntl.h>
 #include <getopt.h>
 #include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
 #include "storage/dcache.h"
@@ -14,6 +17,44 @@
 #include "storage/place.h"
 
 #define PLACE_MAX_FOLDERS 64
+#define PLACE_PROBE_BYTES (256u << 20)
+#define PLACE_PROBE_BLOCK (8u << 20)
+
+/* Read bandwidth of the device under folder, in MB/s: writes a probe file, reads it back with O_DIRECT (past
+ * the page cache, as the engine reads experts), removes it. 0 with a message when it cannot be measured. */
+static double place_probe(const char *folder) {
+    char *path = df_path_join(folder, ".deltafin-probe");
+    void *buf = NULL;
+    double mbps = 0;
+    int fd = -1;
+    if (posix_memalign(&buf, 4096, PLACE_PROBE_BLOCK)) buf = NULL;
+    if (buf) fd = open(path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
+    if (fd >= 0) {
+        memset(buf, 0x5a, PLACE_PROBE_BLOCK);
+        int ok = 1;
+        for (uint64_t at = 0; ok && at < PLACE_PROBE_BYTES; at += PLACE_PROBE_BLOCK)
+            ok = pwrite(fd, buf, PLACE_PROBE_BLOCK, (off_t)at) == (ssize_t)PLACE_PROBE_BLOCK;
+        ok = ok && !fsync(fd);
+        close(fd);
+        fd = ok ? open(path, O_RDONLY | O_DIRECT | O_CLOEXEC) : -1;
+        if (ok && fd < 0 && errno == EINVAL) fd = open(path, O_RDONLY | O_CLOEXEC);   /* no O_DIRECT here */
+        if (fd >= 0) {
+            posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+            double t0 = df_now();
+            for (uint64_t at = 0; ok && at < PLACE_PROBE_BYTES; at += PLACE_PROBE_BLOCK)
+                ok = pread(fd, buf, PLACE_PROBE_BLOCK, (off_t)at) == (ssize_t)PLACE_PROBE_BLOCK;
+            double s = df_now() - t0;
+            if (ok && s > 0) mbps = PLACE_PROBE_BYTES / s / 1e6;
+            close(fd);
+        }
+    }
+    if (mbps <= 0) fprintf(stderr, "deltafin place: %s: could not measure its read bandwidth (%s)\n", folder,
+                           strerror(errno));
+    unlink(path);
+    free(path);
+    free(buf);
+    return mbps;
+}
 
 int cmd_place(int argc, char **argv) {
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"to", 1, 0, 't'}, {"weights", 1, 0, 'w'},
@@ -27,9 +68,10 @@ int cmd_place(int argc, char **argv) {
         else if (c == 'w') wt = optarg;
         else {
             fprintf(c == 'h' ? stdout : stderr,
-                    "usage: deltafin place -m DIR --to A,B[,...] [--weights W1,W2,...]\n"
+                    "usage: deltafin place -m DIR --to A,B[,...] [--weights W1,W2,...|auto]\n"
                     "  copies the routed experts into A/" PLACE_DATA ", B/..., each folder getting a share of the\n"
-                    "  expected reads proportional to its weight (its device's bandwidth; default equal)\n");
+                    "  expected reads proportional to its weight (default equal; auto: each device's O_DIRECT read\n"
+                    "  bandwidth, measured on a 256 MiB probe file)\n");
             return c == 'h' ? 0 : 2;
         }
     }
@@ -53,7 +95,13 @@ int cmd_place(int argc, char **argv) {
         weights[n++] = 1;
     }
     free(list);
-    if (!rc && wt) {
+    if (!rc && wt && !strcmp(wt, "auto")) {
+        for (int f = 0; f < n && !rc; f++) {
+            weights[f] = place_probe(abs[f]);
+            if (weights[f] <= 0) rc = 1;
+            else fprintf(stderr, "deltafin place: %s reads at %.0f MB/s\n", abs[f], weights[f]);
+        }
+    } else if (!rc && wt) {
         char *w = xstrdup(wt), *end;
         int k = 0;
         for (char *save = NULL, *tok = strtok_r(w, ",", &save); tok; tok = strtok_r(NULL, ",", &save), k++) {
