@@ -118,11 +118,11 @@ static int ec_may_go(const void *ctx, int i) {
 /* The slot to reuse: empty first, then the one the replacement policy picks among those free to go; -1 if
  * none. With any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must
  * progress). */
-static int ec_victim(const ecache *c, int any_wanted, int layer, int e) {
+static int ec_victim(const ecache *c, int any_wanted) {
     ec_victim_ctx v = {c, any_wanted};
     for (int i = 0; i < c->n_slots; i++)
         if (c->slots[i].state == SLOT_EMPTY && ec_may_go(&v, i)) return i;
-    return policy_victim(c->pol, ec_key(c, layer, e), ec_may_go, &v);
+    return policy_victim(c->pol, ec_may_go, &v);
 }
 
 static void ec_unbind(ecache *c, ec_slot *s) {
@@ -213,7 +213,7 @@ static void ec_top_up(ecache *c) {
             c->pq_requested = 0;
             continue;
         }
-        int v = ec_victim(c, 0, c->pq_layer, e);
+        int v = ec_victim(c, 0);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, c->pq_layer, e);
         s->wanted = 1;
@@ -240,7 +240,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n) {
     for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
     for (int i = 0; i < n; i++) {
         if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
-        int v = ec_victim(c, 0, layer, ids[i]);
+        int v = ec_victim(c, 0);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, layer, ids[i]);
         c->st.hint_loads++;
@@ -298,8 +298,8 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
             pthread_mutex_unlock(&c->mu);
             return DF_OK;
         }
-        int v = ec_victim(c, 0, layer, e);
-        if (v < 0) v = ec_victim(c, 1, layer, e);
+        int v = ec_victim(c, 0);
+        if (v < 0) v = ec_victim(c, 1);
         if (v < 0) {   /* every slot pinned or in flight: wait for a release */
             pthread_cond_wait(&c->cv, &c->mu);
             continue;

@@ -4,8 +4,11 @@
  * requests, kept for keys not in the cache too, so an expert that is used steadily outranks one that was used
  * in a burst long ago, and a freshly loaded expert does not push out a popular one. The weight is stored as its
  * base-2 logarithm plus now/half-life, which orders keys the same way at any later time without ever sweeping
- * the table. ARC follows Megiddo and Modha, with ghost lists over keys; victims skip slots the caller forbids
- * (pinned, in flight), walking each list from its least recent end. */
+ * the table. REUSE ranks by the expected wait until the next use instead: layers are visited in order, so an
+ * expert of the layer about to run is needed sooner than an equally popular one of the layer just done. ARC
+ * follows Megiddo and Modha, with ghost lists over keys; victims skip slots the caller forbids (pinned, in
+ * flight), walking each list from its least recent end. The simulator replays a trace through these and
+ * through Belady's optimum and an oracle LFU that knows every count in advance. */
 #include "policy.h"
 
 #include <math.h>
@@ -228,14 +231,13 @@ static double reuse_wait(const policy *p, int64_t key) {
     return steps + G * (1.0 - use) / use;
 }
 
-int policy_victim(policy *p, int64_t incoming, int (*ok)(const void *ctx, int slot), const void *ctx) {
+int policy_victim(policy *p, int (*ok)(const void *ctx, int slot), const void *ctx) {
     if (p->kind == POLICY_ARC) {
         double t1 = (double)p->size[ARC_T1];
         int first = t1 > 0 && (t1 > p->target || (p->from_b2 && t1 == floor(p->target))) ? ARC_T1 : ARC_T2;
         int v = arc_walk(p, first, ok, ctx);
         return v >= 0 ? v : arc_walk(p, first == ARC_T1 ? ARC_T2 : ARC_T1, ok, ctx);
     }
-    (void)incoming;
     int best = -1;
     double best_wait = 0;
     for (int i = 0; i < p->n_slots; i++) {
@@ -349,9 +351,9 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
                 s = used++;
             } else {
                 ctx.strict = 1;
-                s = policy_victim(p, k, sim_may_go, &ctx);
+                s = policy_victim(p, sim_may_go, &ctx);
                 ctx.strict = 0;   /* a record larger than the bank: its own earlier experts must make room */
-                if (s < 0) s = policy_victim(p, k, sim_may_go, &ctx);
+                if (s < 0) s = policy_victim(p, sim_may_go, &ctx);
                 where[p->slot_key[s]] = -1;
                 policy_clear(p, s);
             }

@@ -45,8 +45,8 @@ void policy_touch(policy *p, int slot);
 /* Slot now holds key / slot is empty again. */
 void policy_fill(policy *p, int slot, int64_t key);
 void policy_clear(policy *p, int slot);
-/* The occupied slot to evict for key `incoming` among those ok(ctx, slot) allows; -1 if none. */
-int policy_victim(policy *p, int64_t incoming, int (*ok)(const void *ctx, int slot), const void *ctx);
+/* The occupied slot to evict among those ok(ctx, slot) allows; -1 if none. */
+int policy_victim(policy *p, int (*ok)(const void *ctx, int slot), const void *ctx);
 
 /* A recorded access sequence: keys[0..n) in order, cut into records (one prefetch each: the experts one layer
  * asks for at once) at rec[0] = 0 < rec[1] < ... < rec[n_rec] = n; keys grouped by layer as in policy_new. */
