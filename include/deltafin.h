@@ -59,9 +59,21 @@ typedef struct df_engine_opts {
     int lookahead;            /* DF_LOOKAHEAD_*: predict layer i+1's experts with its router on layer i's MoE input
                                  and read them early (never changes results); auto (0, the default) reads a
                                  layer's guesses only while measured recall and spare disk time say it pays */
+    int cache_policy;         /* expert replacement: DF_CACHE_DEFAULT (frequency with decay), _LRU, _LFU, _ARC */
+    const char *trace_routing;   /* append every layer's expert selection to this file (`deltafin bench cache`) */
+    int heat;                 /* DF_HEAT_ON: count expert use into DIR/.deltafin/heat (saved at close) and warm the
+                                 cache from it in the background on open; DF_HEAT_READ: show it only; 0 = off */
+    int64_t head_tile_rows;   /* > 0: stream the spine with lm_head read in tiles of this many rows even when it would
+                                 fit (tests; a tight budget tiles lm_head by itself) */
+    const char *expert_dirs;  /* "A,B": where `deltafin place` put the experts, when the folders moved; the
+                                 placement in DIR/.deltafin is used without it */
 } df_engine_opts;
 
 enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };
+
+enum { DF_HEAT_OFF = 0, DF_HEAT_ON = 1, DF_HEAT_READ = 2 };
+
+enum { DF_CACHE_DEFAULT = 0, DF_CACHE_LRU = 1, DF_CACHE_LFU = 2, DF_CACHE_ARC = 3 };
 
 typedef struct df_model_info {
     const char *family;       /* "kimi_linear" or "kimi_k3" */
@@ -136,6 +148,8 @@ typedef struct df_stats {
     uint64_t lookahead_loads;              /* expert reads started by look-ahead guesses */
     uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
                                                           how many of them the guess named (recall) */
+    uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
+    int head_tiles;                        /* lm_head streamed in this many row tiles (0: in memory whole) */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 /* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess
@@ -146,6 +160,10 @@ typedef struct df_layer_lookahead {
     int reading;
 } df_layer_lookahead;
 void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
+/* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */
+void df_engine_warm_wait(df_engine *eng);
+/* Why a saved heat file was ignored (corrupt, other model), or "" when it was not. */
+const char *df_engine_heat_note(const df_engine *eng);
 
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert

@@ -17,8 +17,12 @@ int cmd_synth(int argc, char **argv);
 int cmd_tokenize(int argc, char **argv);
 int cmd_detokenize(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
+int cmd_warm(int argc, char **argv);
+int cmd_place(int argc, char **argv);
 /* `deltafin bench` other than `bench kernels` (bench_model.c); argv[0] is "bench". */
 int bench_model(int argc, char **argv);
+/* `deltafin bench cache --trace FILE` (bench_cache.c): replacement policies replayed on a routing trace. */
+int bench_cache(int argc, char **argv);
 
 /* The default model folder: $DELTAFIN_MODEL, else the bundled model found next to the executable
  * (EXE_DIR/models/default), in EXE_DIR/../share/deltafin/models/default (make install) or in

@@ -33,6 +33,7 @@ const char *cli_gen_usage(void) {
 void cli_gen_opts_default(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
     df_engine_opts_default(&o->eng);
+    o->eng.heat = DF_HEAT_ON;
     sample_params_default(&o->sp);
     o->sp.temperature = 0.0f;
     o->max_tokens = 128;
@@ -97,6 +98,7 @@ int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_e
     m->dir = eo.model_dir;
     use_recorded_source(&eo, &m->remote);
     int rc = df_engine_open(&m->eng, &eo, err);
+    if (!rc && df_engine_heat_note(m->eng)[0]) fprintf(stderr, "deltafin: warning: %s\n", df_engine_heat_note(m->eng));
     if (!rc) rc = df_session_init(&m->s, m->eng, err);
     if (rc) return rc;
     m->n_vocab = df_engine_info(m->eng)->vocab_size;

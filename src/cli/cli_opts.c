@@ -95,6 +95,25 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
             return -1;
         }
         return 1;
+    case CLI_OPT_CACHE_POLICY:
+        if (!strcmp(arg, "lru")) o->cache_policy = DF_CACHE_LRU;
+        else if (!strcmp(arg, "lfu")) o->cache_policy = DF_CACHE_LFU;
+        else if (!strcmp(arg, "arc")) o->cache_policy = DF_CACHE_ARC;
+        else {
+            fprintf(stderr, "deltafin: --cache-policy: expected lfu, lru or arc, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
+    case CLI_OPT_TRACE_ROUTING: o->trace_routing = arg; return 1;
+    case CLI_OPT_EXPERT_DIRS: o->expert_dirs = arg; return 1;
+    case CLI_OPT_HEAT:
+        if (!strcmp(arg, "on")) o->heat = DF_HEAT_ON;
+        else if (!strcmp(arg, "off")) o->heat = DF_HEAT_OFF;
+        else {
+            fprintf(stderr, "deltafin: --heat: expected on or off, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     case CLI_OPT_LOOKAHEAD:
         if (!arg || !strcmp(arg, "on")) o->lookahead = DF_LOOKAHEAD_ON;
         else if (!strcmp(arg, "off")) o->lookahead = DF_LOOKAHEAD_OFF;

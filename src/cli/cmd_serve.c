@@ -40,6 +40,7 @@ int cmd_serve(int argc, char **argv) {
     if (o.api_key && !*o.api_key) o.api_key = NULL;
     df_engine_opts eo;
     df_engine_opts_default(&eo);
+    eo.heat = DF_HEAT_ON;
     o.engine = &eo;
     int c, bad = 0;
     while ((c = getopt_long(argc, argv, "m:p:t:h", longopts, NULL)) != -1) {

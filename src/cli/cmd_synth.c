@@ -10,6 +10,7 @@
 #include <fcntl.h>
 #include <getopt.h>
 #include <jansson.h>
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -17,11 +18,12 @@
 #include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
+#include "synth_skew.h"
 
 #define SYN_ALIGN 16384u
 #define SYN_CHUNK (32u << 20)
 
-enum { G_BF16, G_BF16_ONE, G_F32, G_F32_ONE, G_ALOG, G_U8, G_E8M0 };
+enum { G_BF16, G_BF16_ONE, G_F32, G_F32_ONE, G_ALOG, G_U8, G_E8M0, G_VALS };
 
 typedef struct syn_tensor {
     char name[192];
@@ -31,6 +33,7 @@ typedef struct syn_tensor {
     int gen;
     int exp_hi;          /* G_BF16: largest binary exponent of |value| */
     int n_valid;         /* G_ALOG: entries past this are zero padding */
+    const float *vals;   /* G_VALS: the F32 values */
     uint64_t bytes;
 } syn_tensor;
 
@@ -44,6 +47,7 @@ typedef struct syn_dims {
     int mxfp4;           /* routed experts as MXFP4 packed + E8M0 scales (else BF16) */
     int64_t d, vocab, hk, dk, hm, q_lora, kv_lora, nope, rope, vdim, dense_inter, inter, dz, n_shared;
     int layers, experts, topk;
+    const float *bias;   /* --route-skew: [layers][experts] correction biases, NULL = random small ones */
 } syn_dims;
 
 static int elem_size(const char *dt) { return !strcmp(dt, "F32") ? 4 : !strcmp(dt, "BF16") ? 2 : 1; }
@@ -137,7 +141,8 @@ static void add_layer_spine(syn_shard *s, const syn_dims *D, int i) {
         return;
     }
     mat(s, p, "block_sparse_moe.gate.weight", D->experts, d);
-    add(s, p, "block_sparse_moe.gate.e_score_correction_bias", "F32", G_F32, 1, D->experts, 0, 0);
+    add(s, p, "block_sparse_moe.gate.e_score_correction_bias", "F32", D->bias ? G_VALS : G_F32, 1, D->experts, 0, 0);
+    s->t[s->n - 1].vals = D->bias ? D->bias + (size_t)i * (size_t)D->experts : NULL;
     if (D->k3) {
         mat(s, p, "block_sparse_moe.routed_expert_down_proj.weight", D->dz, d);
         norm(s, p, "block_sparse_moe.routed_expert_norm.weight", D->dz, 0);
@@ -147,6 +152,20 @@ static void add_layer_spine(syn_shard *s, const syn_dims *D, int i) {
     mat(s, p, "block_sparse_moe.shared_experts.gate_proj.weight", si, d);
     mat(s, p, "block_sparse_moe.shared_experts.up_proj.weight", si, d);
     mat(s, p, "block_sparse_moe.shared_experts.down_proj.weight", d, si);
+}
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+static double synth_median(const double *v, int n) {
+    double *c = xmalloc(sizeof *c * (size_t)n);
+    memcpy(c, v, sizeof *c * (size_t)n);
+    qsort(c, (size_t)n, sizeof *c, cmp_double);
+    double m = c[n / 2];
+    free(c);
+    return m;
 }
 
 static int cmp_str(const void *a, const void *b) { return strcmp(*(char *const *)a, *(char *const *)b); }
@@ -233,6 +252,9 @@ static void fill(const syn_tensor *t, uint64_t at, uint8_t *buf, size_t n, uint6
     }
     case G_BF16_ONE:
         for (size_t i = 0; i + 1 < n; i += 2) buf[i] = 0x80, buf[i + 1] = 0x3F;
+        break;
+    case G_VALS:
+        memcpy(buf, (const uint8_t *)t->vals + at, n);
         break;
     case G_F32_ONE:
     case G_F32:
@@ -386,17 +408,42 @@ static json_t *quant_config(void) {
                           "re:.*routed_expert_(down|up)_proj$");
 }
 
+/* Correction biases for every MoE layer (each with its own ranking of the experts) so that popularity follows
+ * a Zipf law of exponent skew. The gate rows are random bf16 of the magnitudes fill() writes and the router's
+ * input is RMS-normalised with unit weights, so its logits have variance d E[w^2]. */
+static float *synth_skew_biases(const syn_dims *D, double skew, uint64_t seed) {
+    int hi = exp_for(D->d);
+    double w2 = 0;
+    for (int e = hi - 3; e <= hi; e++) w2 += ldexp(1.0, 2 * e) / 4;
+    double sigma = sqrt((double)D->d * w2 * 7.0 / 3.0);   /* E[(1 + u)^2] = 7/3 for the mantissa u */
+    float *bias = xcalloc((size_t)D->layers * (size_t)D->experts, sizeof *bias);
+    double *target = xmalloc(sizeof *target * (size_t)D->experts);
+    for (int l = 1; l < D->layers; l++) {
+        synth_zipf_targets(D->experts, D->topk, skew, seed + (uint64_t)l, target);
+        synth_route_bias(D->experts, D->topk, target, sigma, seed + (uint64_t)l, bias + (size_t)l * (size_t)D->experts);
+    }
+    double top = 0;
+    for (int e = 0; e < D->experts; e++) top = DF_MAX(top, target[e]);
+    fprintf(stderr, "deltafin synth: route skew %.2f: router logits sd %.2f; the most popular expert is meant for "
+            "%.1f%% of tokens, the median for %.2f%%\n", skew, sigma, 100 * top,
+            100 * synth_median(target, D->experts));
+    free(target);
+    return bias;
+}
+
 int cmd_synth(int argc, char **argv) {
     static const struct option lo[] = {{"family", 1, 0, 'f'}, {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
                                        {"out", 1, 0, 'o'},    {"vocab", 1, 0, 'v'},  {"topk", 1, 0, 'k'},
                                        {"seed", 1, 0, 's'},   {"help", 0, 0, 'h'},   {"expert-dtype", 1, 0, 'd'},
-                                       {0, 0, 0, 0}};
+                                       {"route-skew", 1, 0, 'z'}, {0, 0, 0, 0}};
     const char *family = NULL, *out = NULL, *edt = NULL;
     int layers = 0, experts = 0, topk = 0, c;
     long long vocab = 163840;
     uint64_t seed = 1;
+    double skew = 0;
+    char *end = NULL;
     optind = 1;
-    while ((c = getopt_long(argc, argv, "f:l:e:o:v:k:s:d:h", lo, NULL)) != -1) {
+    while ((c = getopt_long(argc, argv, "f:l:e:o:v:k:s:d:hz:", lo, NULL)) != -1) {
         switch (c) {
         case 'f': family = optarg; break;
         case 'l': layers = atoi(optarg); break;
@@ -406,12 +453,20 @@ int cmd_synth(int argc, char **argv) {
         case 'k': topk = atoi(optarg); break;
         case 's': seed = strtoull(optarg, NULL, 10); break;
         case 'd': edt = optarg; break;
+        case 'z':
+            skew = strtod(optarg, &end);
+            if (end == optarg || *end || !(skew >= 0 && skew <= 8)) {
+                fprintf(stderr, "deltafin synth: --route-skew: expected a Zipf exponent in [0, 8], got '%s'\n", optarg);
+                return 2;
+            }
+            break;
         default:
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR [--vocab V] "
-                    "[--topk K] [--seed S] [--expert-dtype bf16|mxfp4]\n  N decoder layers: layer 0 dense, layers "
-                    "1..N-1 MoE with E experts each; real hidden sizes and dtypes of the family; routed experts\n"
-                    "  MXFP4 (K3's default) or BF16 (Kimi-Linear's default)\n");
+                    "[--topk K] [--seed S] [--expert-dtype bf16|mxfp4] [--route-skew Z]\n  N decoder layers: layer 0 "
+                    "dense, layers 1..N-1 MoE with E experts each; real hidden sizes and dtypes of the family; routed\n"
+                    "  experts MXFP4 (K3's default) or BF16 (Kimi-Linear's default)\n  --route-skew Z: router biases "
+                    "make expert popularity a Zipf law with exponent Z (0 = balanced)\n");
             return c == 'h' ? 0 : 2;
         }
     }
@@ -420,8 +475,8 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: need --family k3|kimi-linear, --layers N >= 1, --experts E >= 1, -o DIR\n");
         return 2;
     }
-    syn_dims D = k3 ? (syn_dims){1, 1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0}
-                    : (syn_dims){0, 0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0};
+    syn_dims D = k3 ? (syn_dims){1, 1, 7168, vocab, 96, 128, 96, 1536, 512, 128, 64, 128, 33792, 3072, 3584, 2, 0, 0, 0, NULL}
+                    : (syn_dims){0, 0, 2304, vocab, 32, 128, 32, 0, 512, 128, 64, 128, 9216, 1024, 0, 1, 0, 0, 0, NULL};
     D.mxfp4 = edt ? !strcmp(edt, "mxfp4") : k3;
     if (edt && strcmp(edt, "mxfp4") && strcmp(edt, "bf16")) {
         fprintf(stderr, "deltafin synth: --expert-dtype: expected bf16 or mxfp4, got '%s'\n", edt);
@@ -434,6 +489,8 @@ int cmd_synth(int argc, char **argv) {
         fprintf(stderr, "deltafin synth: --topk %d exceeds --experts %d\n", D.topk, experts);
         return 2;
     }
+    float *bias = skew > 0 ? synth_skew_biases(&D, skew, seed) : NULL;
+    D.bias = bias;
     if (mkdir(out, 0755) && errno != EEXIST) {
         fprintf(stderr, "deltafin synth: %s: %s\n", out, strerror(errno));
         return 1;
@@ -474,6 +531,7 @@ int cmd_synth(int argc, char **argv) {
     } else {
         json_decref(wmap);
     }
+    free(bias);
     if (rc) {
         fprintf(stderr, "deltafin synth: failed writing %s\n", out);
         return 1;

@@ -19,6 +19,8 @@ static const struct {
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"quantize", cmd_quantize, "write an int8 spine"},
+    {"place", cmd_place, "spread the routed experts over folders on several devices"},
+    {"warm", cmd_warm, "read the hottest experts (saved heat) into the cache or disk cache"},
 };
 
 static void usage(FILE *f) {

@@ -44,7 +44,9 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     store_opts so = {.mem_budget = opts->mem_budget, .cache_slots = opts->expert_cache_slots,
                      .spine_stream = opts->spine_stream, .buffered_io = opts->buffered_io,
                      .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_mode,
-                     .spine_int8 = opts->spine == DF_SPINE_INT8, .lookahead = opts->lookahead};
+                     .spine_int8 = opts->spine == DF_SPINE_INT8, .lookahead = opts->lookahead,
+                     .cache_policy = opts->cache_policy, .trace_path = opts->trace_routing, .heat = opts->heat,
+                     .head_tile_rows = opts->head_tile_rows, .expert_dirs = opts->expert_dirs};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -353,11 +355,16 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->lookahead_loads = ss.hint_loads;
     out->lookahead_requests = ss.hint_requests;
     out->lookahead_recalled = ss.hint_recalled;
+    out->warm_loads = ss.warm_loads;
+    out->head_tiles = ss.head_tiles;
 }
 
 void df_engine_lookahead_layer(const df_engine *e, int layer, df_layer_lookahead *out) {
     store_lookahead_layer(e->store, layer, &out->requests, &out->recalled, &out->loads, &out->reading);
 }
+void df_engine_warm_wait(df_engine *e) { store_warm_wait(e->store); }
+
+const char *df_engine_heat_note(const df_engine *e) { return store_heat_note(e->store); }
 
 void df_engine_profile(const df_engine *e, df_profile *out) {
     *out = e->model.prof;

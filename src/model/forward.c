@@ -280,10 +280,25 @@ static int head_forward(df_model *m, const float *h, int T, float *logits, int a
     const float *src = h + (int64_t)(T - rows) * c->d;
     float *xn = xmalloc((size_t)rows * c->d * sizeof(float));
     for (int t = 0; t < rows; t++) kern_rmsnorm(xn + (int64_t)t * c->d, src + (int64_t)t * c->d, w, c->d, c->eps);
-    kern_matmul(m->kern, lm, xn, rows, logits);
+    int64_t per;
+    int n_tiles = store_head_tiles(m->store, &per);
+    if (n_tiles <= 1) kern_matmul(m->kern, lm, xn, rows, logits);
+    int rc = DF_OK;
+    float *part = n_tiles > 1 ? xmalloc((size_t)rows * (size_t)per * sizeof(float)) : NULL;
+    for (int j = 0; j < n_tiles && n_tiles > 1 && !rc; j++) {   /* lm_head streamed: rows j*per.. of the vocabulary */
+        df_tensor tile;
+        rc = store_head_tile_acquire(m->store, j, &tile, err);
+        if (rc) break;
+        kern_matmul(m->kern, &tile, xn, rows, part);
+        store_head_tile_release(m->store, j);
+        for (int t = 0; t < rows; t++)
+            memcpy(logits + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
+                   (size_t)tile.shape[0] * sizeof(float));
+    }
+    free(part);
     free(xn);
     free(w);
-    return DF_OK;
+    return rc;
 }
 
 static int output_attnres(df_model *m, attnres_state *ar, int T, float *h, df_error *err) {

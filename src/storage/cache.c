@@ -7,6 +7,7 @@
 #include <string.h>
 
 #include "../common/util.h"
+#include "policy.h"
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY, SLOT_ERROR };
 
@@ -16,7 +17,7 @@ typedef struct ec_slot {
     int state;
     int pins;
     int wanted;          /* prefetched, not yet acquired */
-    uint64_t stamp;      /* last use, for LRU */
+    int warm;            /* read by warming (the next warming read starts when it ends) */
     uint8_t *mem;
     df_expert view;
     df_error err;
@@ -32,17 +33,20 @@ struct ecache {
     size_t slot_bytes;
     uint8_t *mem;
     ec_slot *slots;
-    uint64_t clock;
     io_pool *pool;
     ecache_load_fn load;
     void *ctx;
     int pq_layer, pq_n, pq_next;
+    int pq_requested;    /* the policy has seen the request for pq_ids[pq_next] */
     int *pq_ids;
     int pq_cap;
     int loading;
     uint8_t *hinted;     /* key -> named by the layer's last hint */
     uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
     ecache_hint_stats *lh; /* per layer */
+    policy *pol;         /* which ready slot to evict (policy.c) */
+    int64_t *warm_keys;  /* experts to warm, hottest first; read one at a time into empty slots */
+    int warm_n, warm_next, warm_busy;
     ecache_stats st;
 };
 
@@ -73,14 +77,17 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
     c->ctx = ctx;
     c->st.slots = n_slots;
     c->st.slot_bytes = slot_bytes;
+    c->pol = policy_new(POLICY_DEFAULT, n_slots, n_layers, c->base);
     return c;
 }
 
 void ecache_free(ecache *c) {
     if (!c) return;
     pthread_mutex_lock(&c->mu);
+    c->warm_n = c->warm_next;   /* no further warming reads */
     while (c->loading) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
+    free(c->warm_keys);
     io_mem_free(c->mem, (size_t)c->n_slots * c->slot_bytes);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
@@ -91,23 +98,38 @@ void ecache_free(ecache *c) {
     free(c->hinted);
     free(c->hint_layer);
     free(c->lh);
+    policy_free(c->pol);
     free(c);
 }
 
-/* The slot to reuse: empty first, then the least recently used one that is free to go; -1 if none. With
- * any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must progress). */
+typedef struct ec_victim_ctx {
+    const ecache *c;
+    int any_wanted;
+} ec_victim_ctx;
+
+static int ec_may_go(const void *ctx, int i) {
+    const ec_victim_ctx *v = ctx;
+    const ecache *c = v->c;
+    const ec_slot *s = &c->slots[i];
+    if (s->state == SLOT_LOADING || s->pins || (s->wanted && !v->any_wanted)) return 0;
+    if (v->any_wanted || s->layer != c->pq_layer) return 1;
+    for (int j = c->pq_next; j < c->pq_n; j++)   /* named by the prefetch list, not yet reached */
+        if (c->pq_ids[j] == s->e) return 0;
+    return 1;
+}
+
+/* The slot to reuse: empty first, then the one the replacement policy picks among those free to go; -1 if
+ * none. With any_wanted, prefetched-but-unused experts may go too (a request outside the prefetch list must
+ * progress). */
 static int ec_victim(const ecache *c, int any_wanted) {
-    int best = -1;
-    for (int i = 0; i < c->n_slots; i++) {
-        const ec_slot *s = &c->slots[i];
-        if (s->state == SLOT_LOADING || s->pins || (s->wanted && !any_wanted)) continue;
-        if (s->state == SLOT_EMPTY) return i;
-        if (best < 0 || s->stamp < c->slots[best].stamp) best = i;
-    }
-    return best;
+    ec_victim_ctx v = {c, any_wanted};
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].state == SLOT_EMPTY && ec_may_go(&v, i)) return i;
+    return policy_victim(c->pol, ec_may_go, &v);
 }
 
 static void ec_unbind(ecache *c, ec_slot *s) {
+    if (s->layer >= 0) policy_clear(c->pol, (int)(s - c->slots));
     if (s->layer >= 0) c->map[ec_key(c, s->layer, s->e)] = -1;
     s->layer = s->e = -1;
     s->state = SLOT_EMPTY;
@@ -122,6 +144,7 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
     s->e = e;
     s->state = SLOT_LOADING;
     c->map[ec_key(c, layer, e)] = i;
+    policy_fill(c->pol, i, ec_key(c, layer, e));
     c->st.loads++;
     c->loading++;
     return s;
@@ -130,10 +153,12 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
 /* Lock held. Records the outcome of a read and wakes waiters. */
 static void ec_finish(ecache *c, ec_slot *s, int rc) {
     s->state = rc ? SLOT_ERROR : SLOT_READY;
-    s->stamp = ++c->clock;
+    policy_touch(c->pol, (int)(s - c->slots));
     c->loading--;
     pthread_cond_broadcast(&c->cv);
 }
+
+static void ec_warm_next(ecache *c);
 
 static void ec_load_job(void *arg) {
     ec_slot *s = arg;
@@ -142,8 +167,39 @@ static void ec_load_job(void *arg) {
     int rc = c->load(c->ctx, s->layer, s->e, s->mem, &s->view, &err);
     pthread_mutex_lock(&c->mu);
     s->err = err;
-    ec_finish(c, s, rc);
+    if (s->warm) {
+        s->warm = 0;
+        c->warm_busy = 0;
+        if (rc) ec_unbind(c, s), c->loading--, pthread_cond_broadcast(&c->cv);   /* a failed guess is forgotten */
+        else ec_finish(c, s, rc);
+        ec_warm_next(c);
+    } else {
+        ec_finish(c, s, rc);
+    }
     pthread_mutex_unlock(&c->mu);
+}
+
+/* Lock held. Starts the next warming read into an empty slot, if one is left and warming is not done. */
+static void ec_warm_next(ecache *c) {
+    while (!c->warm_busy && c->warm_next < c->warm_n) {
+        int64_t key = c->warm_keys[c->warm_next++];
+        if (c->map[key] >= 0) continue;
+        int v = -1;
+        for (int i = 0; i < c->n_slots && v < 0; i++)
+            if (c->slots[i].state == SLOT_EMPTY) v = i;
+        if (v < 0) {
+            c->warm_next = c->warm_n;   /* the bank is full: warming is over */
+            break;
+        }
+        int layer = 0;
+        while (key >= c->base[layer + 1]) layer++;
+        ec_slot *s = ec_bind(c, v, layer, (int)(key - c->base[layer]));
+        s->warm = 1;
+        c->warm_busy = 1;
+        c->st.warm_loads++;
+        io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
+    }
+    if (!c->warm_busy) pthread_cond_broadcast(&c->cv);
 }
 
 /* Lock held. Starts reads for the prefetch list as far as free slots allow. */
@@ -151,10 +207,13 @@ static void ec_top_up(ecache *c) {
     while (c->pq_next < c->pq_n) {
         int e = c->pq_ids[c->pq_next];
         int i = c->map[ec_key(c, c->pq_layer, e)];
+        if (!c->pq_requested) policy_request(c->pol, ec_key(c, c->pq_layer, e));
+        c->pq_requested = 1;
         if (i >= 0) {
             if (!c->slots[i].wanted && c->slots[i].state != SLOT_ERROR) c->st.hits++;
             c->slots[i].wanted = 1;
             c->pq_next++;
+            c->pq_requested = 0;
             continue;
         }
         int v = ec_victim(c, 0);
@@ -163,6 +222,7 @@ static void ec_top_up(ecache *c) {
         s->wanted = 1;
         c->st.misses++;
         c->pq_next++;
+        c->pq_requested = 0;
         io_pool_submit(c->pool, IO_PRIO_HIGH, ec_load_job, s);
     }
 }
@@ -213,6 +273,7 @@ void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     c->pq_layer = layer;
     c->pq_n = n;
     c->pq_next = 0;
+    c->pq_requested = 0;
     ec_top_up(c);
     pthread_mutex_unlock(&c->mu);
 }
@@ -220,6 +281,10 @@ void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
     pthread_mutex_lock(&c->mu);
     int waited = 0;
+    {
+        int i = c->map[ec_key(c, layer, e)];
+        if (i < 0 || !c->slots[i].wanted) policy_request(c->pol, ec_key(c, layer, e));   /* not prefetched */
+    }
     for (;;) {
         int i = c->map[ec_key(c, layer, e)];
         ec_slot *s = i >= 0 ? &c->slots[i] : NULL;
@@ -240,7 +305,7 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
             if (!s->wanted && !waited) c->st.hits++;
             s->wanted = 0;
             s->pins++;
-            s->stamp = ++c->clock;
+            policy_touch(c->pol, i);
             *out = s->view;
             pthread_mutex_unlock(&c->mu);
             return DF_OK;
@@ -294,7 +359,7 @@ int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *do
             if (!s->wanted && !waited) c->st.hits++;
             s->wanted = 0;
             s->pins++;
-            s->stamp = ++c->clock;
+            policy_touch(c->pol, k);
             *out = s->view;
             pthread_mutex_unlock(&c->mu);
             return DF_OK;
@@ -330,6 +395,35 @@ void ecache_release(ecache *c, int layer, int e) {
 void ecache_hint_layer(ecache *c, int layer, ecache_hint_stats *out) {
     pthread_mutex_lock(&c->mu);
     *out = c->lh[layer];
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const float *heat) {
+    pthread_mutex_lock(&c->mu);
+    c->warm_keys = xrealloc(c->warm_keys, sizeof *c->warm_keys * ((size_t)n + 1));
+    for (int i = 0; i < n; i++) {
+        c->warm_keys[i] = ec_key(c, layers[i], ids[i]);
+        policy_seed(c->pol, c->warm_keys[i], heat[i]);
+    }
+    c->warm_n = n;
+    c->warm_next = 0;
+    ec_warm_next(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_warm_wait(ecache *c) {
+    pthread_mutex_lock(&c->mu);
+    while (c->warm_busy || c->warm_next < c->warm_n) pthread_cond_wait(&c->cv, &c->mu);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_set_policy(ecache *c, int kind) {
+    pthread_mutex_lock(&c->mu);
+    policy *p = policy_new(kind, c->n_slots, c->n_layers, c->base);
+    for (int i = 0; i < c->n_slots; i++)
+        if (c->slots[i].layer >= 0) policy_fill(p, i, ec_key(c, c->slots[i].layer, c->slots[i].e));
+    policy_free(c->pol);
+    c->pol = p;
     pthread_mutex_unlock(&c->mu);
 }
 

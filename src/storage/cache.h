@@ -1,6 +1,7 @@
 /* cache.h — the expert cache: a fixed bank of equally sized, aligned slots shared by all layers, each holding
- * one routed expert's bytes. Experts are looked up by (layer, expert); a miss takes the least recently used
- * slot that is neither pinned (acquired and not yet released) nor holding a prefetched expert not yet used.
+ * one routed expert's bytes. Experts are looked up by (layer, expert); a miss takes an empty slot, else the
+ * one the replacement policy (policy.h) picks among those neither pinned (acquired and not yet released) nor
+ * holding a prefetched expert not yet used.
  * A prefetch list is loaded in order as far as free slots allow and topped up as slots are released, so a
  * layer whose selection exceeds the bank still streams. Concurrent requests for one expert share one read.
  * The bytes are filled by a load callback (storage's reader), run on the I/O pool for prefetches and on the
@@ -27,6 +28,7 @@ typedef struct ecache_stats {
     uint64_t hint_loads;     /* reads started by look-ahead hints */
     uint64_t hint_requests;  /* experts prefetched for layers that had a hint */
     uint64_t hint_recalled;  /* of those, experts the hint had named */
+    uint64_t warm_loads;     /* reads started by warming */
     int slots;
     size_t slot_bytes;
 } ecache_stats;
@@ -47,7 +49,7 @@ void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
 /* Low-priority guess (next-layer look-ahead): with read, reads those of these experts that are not cached into
- * slots that hold nothing wanted or pinned, at low I/O priority; they stay ordinary LRU entries. Leaves the
+ * slots that hold nothing wanted or pinned, at low I/O priority; they stay ordinary cache entries. Leaves the
  * prefetch list alone. Read or not, the next prefetch of this layer counts how many of its experts the hint
  * named (recall). */
 void ecache_hint(ecache *c, int layer, const int *ids, int n, int read);
@@ -60,5 +62,13 @@ int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *do
                         df_error *err);
 void ecache_release(ecache *c, int layer, int e);
 void ecache_get_stats(ecache *c, ecache_stats *out);
+/* Warming: tells the policy these experts' heat and reads them, hottest first and one at a time at low
+ * priority, into empty slots only, until the bank is full; never evicts and never delays a request beyond
+ * one read in flight. Call before the first request. */
+void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const float *heat);
+/* Waits until warming has read all it will. */
+void ecache_warm_wait(ecache *c);
+/* Replaces the replacement policy (a policy_kind; POLICY_DEFAULT until called). */
+void ecache_set_policy(ecache *c, int kind);
 
 #endif

@@ -27,6 +27,11 @@
 #include "spine.h"
 #include "int8_spine.h"
 #include "readahead.h"
+#include "policy.h"
+#include "trace.h"
+#include "heat.h"
+#include "tiles.h"
+#include "place.h"
 
 #define STORE_PREFIX "language_model."
 #define STORE_MAX_LAYERS 4096
@@ -115,6 +120,14 @@ struct df_store {
     int *int8_shard;                 /* per span: its shard */
     int n_int8, n_int8_files;
     uint64_t int8_bytes, int8_replaced_bytes;
+    rtrace_writer *trace;            /* --trace-routing */
+    uint64_t min_budget;             /* smallest budget this model opens with: all streamed, lm_head tiled */
+    uint64_t min_slots;
+    placement place;                 /* experts copied to other folders (n_folders 0: none) */
+    heat *heat;                      /* per-expert heat (DF_HEAT_ON / DF_HEAT_READ) */
+    int head_tiled;                  /* lm_head streams in row tiles (tiles.h) instead of staying resident */
+    tiles head;
+    char heat_note[512];
 };
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -731,7 +744,11 @@ static int store_expert_load(void *ctx, int layer, int e, uint8_t *slot, df_expe
     io_source *src = st->src_expert;
     if (st->opts.test_before_read) st->opts.test_before_read(st->opts.test_ctx, layer, e);
     if (x->one_read) {
-        int rc = src->read(src, x->loc.shard, x->loc.offset, x->loc.length, slot, what, err);
+        int file = x->loc.shard, f = -1;   /* placed in another folder: the same bytes at another offset */
+        uint64_t at = x->loc.offset, placed_at = 0, placed_len = 0;
+        if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &placed_at, &placed_len);
+        if (f >= 0) file = st->n_shards + f, at = placed_at;
+        int rc = src->read(src, file, at, x->loc.length, slot, what, err);
         if (rc) return rc;
         const uint8_t *base = slot + x->loc.offset % IO_ALIGN;
         for (int m = 0; m < 3; m++)
@@ -787,6 +804,7 @@ static void store_unit_init(df_store *st, int layer, spine_unit *u) {
     for (int i = 0; i < n; i++) {
         region[i] = -1;
         if (layer == st->n_layers && !strcmp(items[i].key, "model.embed_tokens.weight")) continue;
+        if (layer == st->n_layers && st->head_tiled && !strcmp(items[i].key, "lm_head.weight")) continue;
         region[i] = store_item_region(items, region, i);
         if (region[i] >= 0) continue;
         store_ref r = items[i].ref;
@@ -795,9 +813,11 @@ static void store_unit_init(df_store *st, int layer, spine_unit *u) {
     }
     if (layer < st->n_layers) {
         snprintf(u->name, sizeof u->name, "layer %d", layer);
+        free(st->layers[layer].region);
         st->layers[layer].region = region;
     } else {
         snprintf(u->name, sizeof u->name, "the top-level tensors");
+        free(st->global_region);
         st->global_region = region;
     }
 }
@@ -807,15 +827,16 @@ static int store_cmp_size_desc(const void *a, const void *b) {
     return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Chooses resident layers (largest first) so that resident + two stream buffers fit avail. */
-static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail) {
+/* Chooses resident layers (largest first) so that resident + two stream buffers (of at least buf_floor bytes)
+ * fit avail. */
+static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail, uint64_t buf_floor) {
     int n = st->n_layers;
     uint64_t (*by)[2] = xmalloc(sizeof *by * (size_t)(n + 1));
     for (int l = 0; l < n; l++) by[l][0] = spine_unit_bytes(&u[l]), by[l][1] = (uint64_t)l;
     qsort(by, (size_t)n, sizeof *by, store_cmp_size_desc);
     uint64_t used = 0, skipped_max = 0;
     for (int j = 0; j < n && !st->opts.spine_stream; j++) {
-        uint64_t rest = DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0);
+        uint64_t rest = DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
         if (used + by[j][0] + 2 * rest <= avail) {
             used += by[j][0];
             u[by[j][1]].resident = 1;
@@ -829,6 +850,82 @@ static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail) {
 static void store_print_gib(char *buf, size_t cap, uint64_t n) {
     if (n >= (1ull << 30)) snprintf(buf, cap, "%.2f GiB", (double)n / (1ull << 30));
     else snprintf(buf, cap, "%.1f MiB", (double)n / (1ull << 20));
+}
+
+/* The replacement policy and the routing trace the options ask for. */
+static int store_policy_open(df_store *st, df_error *err) {
+    int kind = st->opts.cache_policy;
+    if (kind < 0 || kind > POLICY_COUNT)
+        return df_error_set(err, DF_EINVAL, "unknown expert cache policy %d", kind), DF_EINVAL;
+    ecache_set_policy(st->cache, kind ? kind - 1 : POLICY_DEFAULT);
+    if (st->opts.heat) st->heat = heat_load(st->dir, st->n_layers, st->n_experts, st->heat_note, sizeof st->heat_note);
+    if (st->opts.heat == DF_HEAT_ON) {   /* warm with the hottest, as many as there are slots */
+        ecache_stats cs;
+        ecache_get_stats(st->cache, &cs);
+        int *layers = xmalloc(sizeof *layers * (size_t)cs.slots), *ids = xmalloc(sizeof *ids * (size_t)cs.slots);
+        float *w = xmalloc(sizeof *w * (size_t)cs.slots);
+        int n = heat_top(st->heat, cs.slots, layers, ids, w);
+        if (n) ecache_warm(st->cache, n, layers, ids, w);
+        free(layers);
+        free(ids);
+        free(w);
+    }
+    if (!st->opts.trace_path) return DF_OK;
+    return rtrace_writer_open(&st->trace, st->opts.trace_path, st->n_layers, st->n_experts, err);
+}
+
+/* lm_head can be tiled when it is a plain matrix (the int8 copy keeps its row scales apart). */
+static int store_head_tileable(const df_store *st) {
+    const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+    return h && h->usable && !h->int8 && h->view.ndim == 2 && h->view.shape[0] >= 2;
+}
+
+/* Spine units for streaming: one per layer, the top-level tensors (resident, without the embedding, which
+ * stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan needs
+ * (reserve, resident spine, two stream buffers, the minimum cache). */
+static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, spine_unit **out,
+                                  int *n_units) {
+    const store_item *h =
+        tiled && store_head_tileable(st) ? store_find_item(st->globals, st->n_globals, "lm_head.weight") : NULL;
+    st->head_tiled = h != NULL;
+    uint64_t row = h ? tensor_row_bytes(&h->view) : 0, floor = 0;
+    if (h) {   /* tiles of the requested rows, else of the largest layer (at least 64 MiB, to keep reads big) */
+        floor = st->opts.head_tile_rows > 0 ? (uint64_t)st->opts.head_tile_rows * row : 64ull << 20;
+        tiles_init(&st->head, &h->view, row, floor, st->n_layers + 1);
+    }
+    int n = st->n_layers + 1 + (h ? st->head.n : 0);
+    spine_unit *u = xcalloc((size_t)n, sizeof *u);
+    for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
+    u[st->n_layers].resident = 1;
+    uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
+    if (fixed < budget) store_choose_resident(st, u, budget - fixed, floor);
+    uint64_t big = 0;
+    for (int l = 0; l < st->n_layers; l++)
+        if (u[l].resident) need += spine_unit_bytes(&u[l]);
+        else big = DF_MAX(big, spine_unit_bytes(&u[l]));
+    if (h) {
+        if (st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, st->n_layers + 1);
+        tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, u + st->n_layers + 1);
+        for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[st->n_layers + 1 + j]));
+    }
+    *out = u;
+    *n_units = n;
+    return need + 2 * big;
+}
+
+/* The smallest budget the planner accepts: every layer streamed, lm_head tiled when it can be, the minimum
+ * cache, and the working reserve, which is a 16th of the budget within [64 MiB, 1 GiB]. Run before the real
+ * plan, which rebuilds the units. */
+static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
+    spine_unit *u = NULL;
+    int n = 0;
+    uint64_t need = store_stream_plan(st, 0, min_cache, 1, &u, &n) - st->reserve_bytes;
+    for (int i = 0; i < n; i++) free(u[i].r);
+    free(u);
+    st->head_tiled = 0;
+    if (need + (64ull << 20) <= (1ull << 30)) return need + (64ull << 20);
+    if (need / 15 * 16 <= (16ull << 30)) return (need + 14) / 15 * 16;
+    return need + (1ull << 30);
 }
 
 static int store_plan(df_store *st, df_error *err) {
@@ -845,29 +942,30 @@ static int store_plan(df_store *st, df_error *err) {
     uint64_t min_slots = (uint64_t)DF_MIN(st->n_experts_total, STORE_MIN_SLOTS);
     if (st->opts.cache_slots > 0) min_slots = (uint64_t)st->opts.cache_slots;
     uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
+    st->min_slots = min_slots;
+    st->min_budget = store_min_budget(st, min_cache);
     char b1[32], b2[32];
-    if (st->opts.spine_stream || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
-        spine_unit *u = xcalloc((size_t)st->n_layers + 1, sizeof *u);
-        for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
-        u[st->n_layers].resident = 1;
-        uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
-        if (fixed < budget) store_choose_resident(st, u, budget - fixed);
-        uint64_t big = 0;
-        for (int l = 0; l < st->n_layers; l++)
-            if (u[l].resident) need += spine_unit_bytes(&u[l]);
-            else big = DF_MAX(big, spine_unit_bytes(&u[l]));
-        need += 2 * big;
+    if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
+        int n_units = 0;
+        spine_unit *u = NULL;
+        uint64_t need = store_stream_plan(st, budget, min_cache, st->opts.head_tile_rows > 0, &u, &n_units);
+        if (need > budget && !st->head_tiled && store_head_tileable(st)) {   /* lm_head resident does not fit */
+            for (int l = 0; l < n_units; l++) free(u[l].r);
+            free(u);
+            need = store_stream_plan(st, budget, min_cache, 1, &u, &n_units);
+        }
         if (need > budget) {
             store_print_gib(b1, sizeof b1, budget);
             store_print_gib(b2, sizeof b2, need);
-            for (int l = 0; l <= st->n_layers; l++) free(u[l].r);
+            for (int l = 0; l < n_units; l++) free(u[l].r);
             free(u);
             return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
                                 "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
-                                "largest streamed layer and %llu expert slots)", st->dir, b1, b2,
-                                (unsigned long long)min_slots), DF_ENOMEM;
+                                "largest streamed layer or lm_head tile and %llu expert slots); the smallest budget "
+                                "it runs in is %.2f GiB", st->dir, b1, b2, (unsigned long long)min_slots,
+                                (double)st->min_budget / (1ull << 30)), DF_ENOMEM;
         }
-        int rc = spine_new(&st->spine, st->src_spine, st->pool, st->n_layers + 1, u, err);
+        int rc = spine_new(&st->spine, st->src_spine, st->pool, n_units, u, err);
         if (rc) return rc;
         spine_used = spine_resident_bytes(st->spine) + spine_stream_bytes(st->spine);
         uint8_t *gbase = NULL;
@@ -890,14 +988,38 @@ static int store_plan(df_store *st, df_error *err) {
                             st->dir, b1, (unsigned long long)st->slot_bytes), DF_ENOMEM;
     }
     st->cache = ecache_new(st->n_layers, st->n_experts, (int)slots, st->slot_bytes, st->pool, store_expert_load, st);
+    return store_policy_open(st, err);
+}
+
+/* Experts placed in other folders: checked against the checkpoint's spans, read from file n_shards + folder. */
+static int store_open_place(df_store *st, df_error *err) {
+    int found = 0;
+    int rc = placement_load(&st->place, st->dir, st->n_layers, st->n_experts, st->opts.expert_dirs, &found, err);
+    if (rc || !found) return rc;
+    if (st->opts.remote_url)
+        return df_error_set(err, DF_EINVAL, "%s: experts placed in other folders cannot also stream from --remote",
+                            st->dir), DF_EINVAL;
+    for (int l = 0; l < st->n_layers; l++)
+        for (int e = 0; e < st->n_experts[l]; e++) {
+            int f;
+            uint64_t off, len;
+            placement_where(&st->place, l, e, &f, &off, &len);
+            const store_expert *x = &st->experts[l][e];
+            if (f >= 0 && (!x->loc.contiguous || off % IO_ALIGN != x->loc.offset % IO_ALIGN || len != x->loc.length))
+                return df_error_set(err, DF_EFORMAT, "%s: the placement of expert %d of layer %d does not match the "
+                                    "checkpoint (place it again)", st->place.files[f], e, l), DF_EFORMAT;
+        }
     return DF_OK;
 }
 
 static int store_open_io(df_store *st, df_error *err) {
-    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + 1));
+    int rc = store_open_place(st, err);
+    if (rc) return rc;
+    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + st->place.n_folders + 1));
     for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
+    for (int f = 0; f < st->place.n_folders; f++) paths[st->n_shards + f] = st->place.files[f];
     io_local_opts lo = {!st->opts.buffered_io, st->opts.io_kind};
-    int rc = io_local_open_ex(&st->src_expert, st->n_shards, paths, &lo, err);
+    rc = io_local_open_ex(&st->src_expert, st->n_shards + st->place.n_folders, paths, &lo, err);
     if (!rc) rc = io_install_wrap(&st->src_expert, st->dir, st->n_shards, st->opts.remote_url, err);
     if (!rc) rc = io_local_open_ex(&st->src_spine, st->n_shards, paths, &lo, err);
     free(paths);
@@ -935,6 +1057,10 @@ void store_free(df_store *st) {
     if (!st) return;
     readahead_free(st->ra);
     ecache_free(st->cache);
+    rtrace_writer_close(st->trace, &(df_error){0});
+    if (st->heat && st->opts.heat == DF_HEAT_ON) heat_save(st->heat, st->dir, &(df_error){0});   /* best effort */
+    heat_free(st->heat);
+    placement_free(&st->place);
     spine_free(st->spine);
     io_pool_free(st->pool);
     io_source_free(st->src_expert);
@@ -1064,6 +1190,11 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
         if (rc) return rc;
     }
     atomic_fetch_add(&st->expert_requests, (uint64_t)n);
+    if (st->trace && n) {
+        int rc = rtrace_writer_record(st->trace, layer, ids, n, err);
+        if (rc) return rc;
+    }
+    if (st->heat && n) heat_add(st->heat, layer, ids, n);
     if (n) ecache_prefetch(st->cache, layer, ids, n);
     return DF_OK;
 }
@@ -1103,6 +1234,32 @@ int store_expert_acquire_next(df_store *st, int layer, const int *ids, int n, ui
     return ecache_acquire_next(st->cache, layer, ids, n, done, which, out, err);
 }
 
+int store_head_tiles(const df_store *st, int64_t *rows_per_tile) {
+    if (!st->head_tiled) {
+        const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+        *rows_per_tile = h && h->view.ndim == 2 ? h->view.shape[0] : 0;
+        return 1;
+    }
+    *rows_per_tile = st->head.per;
+    return st->head.n;
+}
+
+int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err) {
+    if (!st->head_tiled || j < 0 || j >= st->head.n)
+        return df_error_set(err, DF_EINVAL, "%s: lm_head tile %d does not exist", st->dir, j), DF_EINVAL;
+    return tiles_acquire(st->spine, &st->head, j, out, err);
+}
+
+void store_head_tile_release(df_store *st, int j) {
+    if (st->head_tiled && j >= 0 && j < st->head.n) tiles_release(st->spine, &st->head, j);
+}
+
+void store_warm_wait(df_store *st) {
+    if (st->cache) ecache_warm_wait(st->cache);
+}
+
+const char *store_heat_note(const df_store *st) { return st->heat_note; }
+
 void store_expert_release(df_store *st, int layer, int e) {
     if (store_expert_locate(st, layer, e)) ecache_release(st->cache, layer, e);
 }
@@ -1121,6 +1278,7 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->hint_loads = c.hint_loads;
         o->hint_requests = c.hint_requests;
         o->hint_recalled = c.hint_recalled;
+        o->warm_loads = c.warm_loads;
     }
     o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
     o->expert_requests = atomic_load(&st->expert_requests);
@@ -1132,6 +1290,7 @@ void store_get_stats(df_store *st, store_stats *o) {
     o->reserve_bytes = st->reserve_bytes;
     o->expert_slot_bytes = st->slot_bytes;
     o->spine_mapped = !st->spine;
+    o->head_tiles = st->head_tiled ? st->head.n : 0;
     if (st->spine) {
         o->resident_spine_bytes = spine_resident_bytes(st->spine);
         o->stream_buffer_bytes = spine_stream_bytes(st->spine);
@@ -1216,6 +1375,39 @@ static void store_describe_experts(const df_store *st, store_buf *b) {
                      "them\n", (long long)noncontig, (long long)n);
 }
 
+static void store_describe_plan(const df_store *st, store_buf *b) {
+    store_printf(b, "memory plan for a budget of ");
+    store_print_bytes(b, st->opts.mem_budget);
+    store_printf(b, ":\n  working reserve ");
+    store_print_bytes(b, st->reserve_bytes);
+    if (!st->spine) {
+        store_printf(b, "\n  spine: served from the file mapping (it fits): ");
+        store_print_bytes(b, st->spine_bytes);
+    } else {
+        store_printf(b, "\n  spine resident: ");
+        store_print_bytes(b, spine_resident_bytes(st->spine));
+        store_printf(b, "\n  spine streamed: %d layers through two buffers of ", spine_streamed_units(st->spine) -
+                     (st->head_tiled ? st->head.n : 0));
+        store_print_bytes(b, spine_stream_bytes(st->spine) / 2);
+        store_printf(b, "\n  embedding: rows read on demand from the file mapping (not resident)");
+        if (st->head_tiled)
+            store_printf(b, "\n  lm_head: streamed in %d tiles of %lld rows through the same buffers", st->head.n,
+                         (long long)st->head.per);
+        else store_printf(b, "\n  lm_head: resident");
+    }
+    if (st->cache) {
+        ecache_stats c;
+        ecache_get_stats(st->cache, &c);
+        store_printf(b, "\n  expert cache: %d slots of ", c.slots);
+        store_print_bytes(b, c.slot_bytes);
+        store_printf(b, " (%.1f%% of the %lld routed experts)",
+                     100.0 * c.slots / (double)DF_MAX(st->n_experts_total, 1), (long long)st->n_experts_total);
+    }
+    store_printf(b, "\n  smallest budget this model runs in: ");
+    store_print_bytes(b, st->min_budget);
+    store_printf(b, " (every layer streamed, lm_head tiled, %llu expert slots)\n", (unsigned long long)st->min_slots);
+}
+
 void store_describe(const df_store *st, char *buf, size_t cap) {
     if (!cap) return;
     size_t len = strnlen(buf, cap);
@@ -1249,6 +1441,13 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
         store_printf(&b, "\n");
     }
     store_describe_experts(st, &b);
+    store_describe_plan(st, &b);
+    if (st->heat) {
+        char line[256];
+        heat_summary(st->heat, line, sizeof line);
+        store_printf(&b, "%s\n", line);
+        if (st->heat_note[0]) store_printf(&b, "warning: %s\n", st->heat_note);
+    }
     store_printf(&b, "dtypes (text tensors):");
     for (int i = 0; i < st->n_dtypes; i++)
         store_printf(&b, " %s %lld%s", st->dtypes[i].name, (long long)st->dtypes[i].count,

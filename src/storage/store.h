@@ -38,6 +38,11 @@ typedef struct store_opts {
      * an order of the test's choosing); NULL in normal use. */
     void (*test_before_read)(void *ctx, int layer, int e);
     void *test_ctx;
+    int cache_policy;        /* DF_CACHE_* of deltafin.h: expert replacement policy; 0 = the default */
+    const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
+    int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
+    int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
+    const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -55,6 +60,8 @@ typedef struct store_stats {
     int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
     uint64_t hint_loads, hint_requests, hint_recalled;   /* look-ahead: reads, experts asked, of them hinted */
+    uint64_t warm_loads;                  /* reads started by warming from saved heat */
+    int head_tiles;                       /* lm_head streamed in this many row tiles (0: in memory whole) */
 } store_stats;
 
 int store_open(df_store **out, const char *dir, df_error *err);
@@ -107,6 +114,16 @@ int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_erro
  * the expert at fault. */
 int store_expert_acquire_next(df_store *st, int layer, const int *ids, int n, uint8_t *done, int *which,
                               df_expert *out, df_error *err);
+/* How lm_head is served: 1 tile when it is in memory whole, else n tiles of *rows_per_tile rows (the last may
+ * be shorter) to take one at a time, in order; the next is read while one is used. */
+int store_head_tiles(const df_store *st, int64_t *rows_per_tile);
+/* Tile j of lm_head as a [rows, d] view, valid until store_head_tile_release. */
+int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err);
+void store_head_tile_release(df_store *st, int j);
+/* Waits until warming from saved heat has read what it will (nothing to wait for without heat). */
+void store_warm_wait(df_store *st);
+/* Why a saved heat file was ignored, or "" (heat off, absent or valid). */
+const char *store_heat_note(const df_store *st);
 void store_expert_release(df_store *st, int layer, int e);
 
 /* Describes the checkpoint for `deltafin info`: tensors, bytes of spine vs experts, dtypes, expert spans,
