@@ -357,6 +357,21 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         else if (r->reasoning_effort) co.effort = r->reasoning_effort;
         if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
         int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
+        /* the prompt cache keeps the conversation before the last user message: what the next turn, or
+         * another chat with the same system prompt, starts with */
+        int last_user = -1;
+        for (int i = 0; i < r->n_msgs; i++)
+            if (!strcmp(r->msgs[i].role, "user")) last_user = i;
+        if (!rc && s->pcache && last_user > 0) {
+            tok_ids head = {0};
+            df_error he = {0};
+            if (!chat_render(s->tok, s->fmt, m, last_user, &co, &head, &he)) {
+                size_t k = 0;
+                while (k < head.n && k < j->prompt.n && head.v[k] == j->prompt.v[k]) k++;
+                j->cache_at = (int64_t)k;
+            }
+            tok_ids_free(&head);
+        }
         free(m);
         if (rc) {
             srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
@@ -384,6 +399,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         srv_err_set(err, 400, "invalid_request_error", "invalid_value", "prompt", "The prompt is empty.");
         return -1;
     }
+    if (!j->cache_at || j->cache_at >= (int64_t)j->prompt.n) j->cache_at = (int64_t)j->prompt.n - 1;
     int64_t room = s->info->max_context - (int64_t)j->prompt.n;
     if (room < 1) {
         srv_err_set(err, 400, "invalid_request_error", "context_length_exceeded", what,

@@ -18,7 +18,10 @@ void pcache_free(prompt_cache *pc);
 int64_t pcache_restore(prompt_cache *pc, df_session *sess, const int32_t *ids, int64_t n, int64_t have);
 /* Saves sess, which holds exactly ids[0..n), unless that prefix is kept already. Returns 1 when written. */
 int pcache_save(prompt_cache *pc, const df_session *sess, const int32_t *ids, int64_t n);
-/* Entries and bytes kept (for /props and metrics). */
-void pcache_usage(prompt_cache *pc, int *entries, uint64_t *bytes);
+/* 0 once saving turned out to be unsupported: callers need not stop where an entry would be saved. */
+int pcache_active(prompt_cache *pc);
+/* Entries and bytes kept, and whether saving works (it turns itself off when the library cannot save
+ * session state; *why then says so). For /props. */
+void pcache_usage(prompt_cache *pc, int *entries, uint64_t *bytes, int *enabled, const char **why);
 
 #endif

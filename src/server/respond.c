@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
+#include "server/prompt_cache.h"
 #include "server/srv_internal.h"
 
 static const char *finish_name(gen_finish f) { return f == GEN_FINISH_LENGTH ? "length" : "stop"; }
@@ -254,6 +255,18 @@ char *respond_props_json(srv *s) {
                           "queue_size", s->o.queue, "slots", slots, "queued", queued, "chat_template",
                           s->has_chat, "default_generation_settings", "n_ctx", (json_int_t)s->info->max_context,
                           "max_tokens", s->o.max_tokens);
+    json_t *pc = json_pack("{s:b}", "enabled", s->pcache != NULL);
+    if (s->pcache) {
+        int entries, enabled;
+        uint64_t bytes;
+        const char *why;
+        pcache_usage(s->pcache, &entries, &bytes, &enabled, &why);
+        json_object_set_new(pc, "enabled", json_boolean(enabled));
+        json_object_set_new(pc, "entries", json_integer(entries));
+        json_object_set_new(pc, "bytes", json_integer((json_int_t)bytes));
+        if (why) json_object_set_new(pc, "why_off", json_string(why));
+    }
+    json_object_set_new(o, "prompt_cache", pc);
     char *t = json_dumps(o, JSON_COMPACT);
     json_decref(o);
     DF_ASSERT(t);

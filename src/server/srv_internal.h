@@ -60,6 +60,7 @@ typedef struct srv_job {
     uint64_t state_need;         /* bytes of one slot's state for this request */
     double t_queued, t_started, t_first, t_done;
     int cache_restored;          /* tokens restored from the prompt cache */
+    int64_t cache_at;            /* the prompt prefix the prompt cache keeps (its state is saved there) */
     const char *model_name;      /* the name answered with (owned by srv) */
     char id[48];
     long long created;
@@ -74,6 +75,7 @@ typedef struct srv_slot {
     int choice;                  /* which of job's answers */
     slot_phase phase;
     int64_t at;                  /* prefill: next prompt index to evaluate */
+    int64_t save_at;             /* prefill: save the state for the prompt cache at this index (0 = no) */
     int32_t next;                /* decode: the token to evaluate */
     gen_state *gen;
     gen_result res;

@@ -3,7 +3,8 @@
  * free slot when it reaches the head of the queue (the slot already holding the longest prefix of its
  * prompt, which is then reused) and when its state fits the slot memory. Every step is one df_batch pass:
  * one row per decoding slot, and the prompts of newly admitted requests in slices as large as the pass
- * allows, so a new request starts at the next pass and nobody waits for another's whole answer. */
+ * allows, so a new request starts at the next pass and nobody waits for another's whole answer. A prompt's
+ * slices stop where its prompt-cache prefix ends, so that state can be saved on the way. */
 #include <jansson.h>
 #include <stdlib.h>
 #include <string.h>
@@ -366,6 +367,7 @@ static void slot_sync(srv *s, srv_slot *sl) {
     }
     j->n_reused = (int)p;
     sl->at = p;
+    sl->save_at = s->pcache && pcache_active(s->pcache) && j->cache_at > p ? j->cache_at : 0;
     sl->phase = SLOT_PREFILL;
 }
 
@@ -412,6 +414,7 @@ static void worker_pass(srv *s) {
         if (room <= 0) room = 1;
         int64_t left = (int64_t)next->job->prompt.n - next->at;
         int n = (int)DF_MIN((int64_t)room, left);
+        if (next->save_at > next->at) n = (int)DF_MIN((int64_t)n, next->save_at - next->at);
         if (df_batch_add(s->batch, next->sess, next->job->prompt.v + next->at, n, n == left ? next->logits : NULL,
                          0, &err)) {
             slot_release(s, next, DF_EINVAL, &err);
@@ -447,6 +450,14 @@ static void worker_pass(srv *s) {
         pthread_mutex_lock(&s->m.mu);
         s->m.prefill_s += dt * sl->last_rows / rows;
         pthread_mutex_unlock(&s->m.mu);
+        if (sl->save_at && sl->at == sl->save_at) {
+            sl->save_at = 0;
+            if (pcache_save(s->pcache, sl->sess, j->prompt.v, sl->at)) {
+                pthread_mutex_lock(&s->m.mu);
+                s->m.prompt_cache_saved++;
+                pthread_mutex_unlock(&s->m.mu);
+            }
+        }
         if (sl->at < (int64_t)j->prompt.n) continue;
         /* the prompt is in: remember it, hand copies to the other answers, and sample everyone's first token */
         j->t_first = df_now();
@@ -456,11 +467,6 @@ static void worker_pass(srv *s) {
         s->m.last_ttft_s = j->t_first - j->t_queued;
         if (j->cache_restored) s->m.prompt_cache_restored++;
         pthread_mutex_unlock(&s->m.mu);
-        if (s->pcache && pcache_save(s->pcache, sl->sess, j->prompt.v, (int64_t)j->prompt.n)) {
-            pthread_mutex_lock(&s->m.mu);
-            s->m.prompt_cache_saved++;
-            pthread_mutex_unlock(&s->m.mu);
-        }
         for (int k = 0; k < s->n_slots; k++) {
             srv_slot *o = &s->slots[k];
             if (o->job != j || o->phase != SLOT_WAIT_COPY) continue;

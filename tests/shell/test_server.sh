@@ -111,3 +111,22 @@ else
 fi
 stop "$slots_pid" "$tmp/slots.log" "slots"
 stop "$q0_pid" "$tmp/q0.log" "queue-0"
+
+# the prompt cache across restarts: saved, restored with the same answer, a damaged entry refused
+kv=$tmp/kv-restart
+phase() {   # PHASE
+    start ./deltafin "$tmp/pc-$1.log" --parallel 1 --prompt-cache "$kv"
+    DELTAFIN_KEY= DELTAFIN_URL=$url RESULT=$tmp/pc-cold.json timeout 120 node tests/server/pcache.test.mjs "$1" ||
+        echo "not ok - tests/server/pcache.test.mjs $1 exited non-zero"
+    stop "$pid" "$tmp/pc-$1.log" "prompt-cache $1"
+    grep -o 'restored=[0-9]* completion=[0-9]* ttft_ms=[0-9]*' "$tmp/pc-$1.log" | sed "s/^/# $1: /"
+}
+phase cold
+if [ "$(cat "$tmp/pc-cold.json" 2>/dev/null)" != skip ]; then
+    phase warm
+    for f in "$kv"/*.kv; do
+        size=$(stat -c %s "$f")
+        printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
+    done
+    phase damaged
+fi
