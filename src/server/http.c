@@ -425,7 +425,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
     }
     int want = r->max_tokens ? r->max_tokens : s->o.max_tokens;
     j->max_tokens = (int)DF_MIN((int64_t)DF_MIN(want, s->o.max_tokens), fit);
-    j->context_capped = j->max_tokens < DF_MIN(want, s->o.max_tokens);
+    j->context_capped = j->max_tokens == room && room < DF_MIN(want, s->o.max_tokens);
     if (!r->has_seed) {   /* unseeded requests still differ from each other */
         struct timespec ts;
         clock_gettime(CLOCK_REALTIME, &ts);
