@@ -342,6 +342,17 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
     df_error de = {0};
     srv_request *r = &j->req;
     const char *what = r->ep == SRV_EP_CHAT ? "messages" : "prompt";
+    /* text that must make more tokens than the context holds (no token is longer than max_token_bytes) is
+     * refused before it is tokenised */
+    size_t text = r->prompt ? r->prompt_len : 0;
+    for (int i = 0; i < r->n_msgs; i++)
+        text += strlen(r->msgs[i].content) + (r->msgs[i].reasoning ? strlen(r->msgs[i].reasoning) : 0);
+    if (text / DF_MAX(s->max_token_bytes, (size_t)1) > (size_t)s->info->max_context) {
+        srv_err_set(err, 400, "invalid_request_error", "context_length_exceeded", what,
+                    "The prompt's %zu bytes of text make more tokens than this model's context (%lld tokens).", text,
+                    (long long)s->info->max_context);
+        return -1;
+    }
     if (r->ep == SRV_EP_CHAT) {
         if (!s->has_chat) {
             srv_err_set(err, 400, "invalid_request_error", "no_chat_format", "messages",
@@ -413,9 +424,10 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         return -1;
     }
     j->n_choices = r->n;
-    /* one answer's state must fit the slot memory with the others it comes with */
+    /* its answers' states must fit the slot memory beside the other slots at their smallest */
+    uint64_t rest = (uint64_t)(s->n_slots - r->n) * df_session_state_bytes(s->eng, 0);
     int64_t fit = room;
-    while (fit > 0 && (uint64_t)r->n * df_session_state_bytes(s->eng, (int64_t)j->prompt.n + fit) > s->slot_mem)
+    while (fit > 0 && rest + (uint64_t)r->n * df_session_state_bytes(s->eng, (int64_t)j->prompt.n + fit) > s->slot_mem)
         fit /= 2;
     if (fit < 1) {
         srv_err_set(err, 400, "invalid_request_error", "context_length_exceeded", what,

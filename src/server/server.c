@@ -156,6 +156,11 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
     }
     df_error ce = {0};
     s->has_chat = chat_detect_format(s->tok, &s->fmt, &ce) == DF_OK;
+    for (int32_t id = 0; id < tokenizer_n_vocab(s->tok); id++) {
+        size_t n = 0;
+        if (tokenizer_token_bytes(s->tok, id, &n) && !tokenizer_is_special(s->tok, id))
+            s->max_token_bytes = DF_MAX(s->max_token_bytes, n);
+    }
     s->model_id = model_id_of(o->model_dir);
     if (pthread_create(&s->worker, NULL, worker_main, s)) {
         df_error_set(err, DF_EIO, "serve: cannot start the generation thread");

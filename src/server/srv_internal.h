@@ -58,7 +58,7 @@ typedef struct srv_job {
     int n_prompt, n_reused, n_open;
     int context_capped;          /* max_tokens was cut to what the context has room for */
     uint64_t state_need;         /* bytes of one slot's state for this request */
-    double t_queued, t_started, t_first, t_done;
+    double t_queued, t_first;    /* when it was queued; when its first token was ready (0 = not yet) */
     int cache_restored;          /* tokens restored from the prompt cache */
     int64_t cache_at;            /* the prompt prefix the prompt cache keeps (its state is saved there) */
     const char *model_name;      /* the name answered with (owned by srv) */
@@ -98,6 +98,7 @@ struct srv {
     tokenizer *tok;
     chat_format fmt;
     int has_chat;
+    size_t max_token_bytes;      /* the longest token's text */
     struct MHD_Daemon *mhd;
     int listen_fd, port;
     long long started;

@@ -103,7 +103,6 @@ int job_enqueue(srv *s, srv_job *j, srv_err *err) {
 /* Marks j finished and tells its connection (srv.mu held). */
 static void job_finish_locked(srv_job *j) {
     j->done = 1;
-    j->t_done = df_now();
     job_wake(j);
 }
 
@@ -158,9 +157,8 @@ static int64_t common_prefix(const df_session *sess, const tok_ids *p) {
     return i;
 }
 
-/* Moves the queue's head into free slots while it fits (srv.mu held). Returns how many were admitted. */
-static int admit_locked(srv *s) {
-    int admitted = 0;
+/* Moves the queue's head into free slots while it fits (srv.mu held). */
+static void admit_locked(srv *s) {
     while (s->q_head) {
         srv_job *j = s->q_head;
         int nfree = slots_free_locked(s);
@@ -213,13 +211,20 @@ static int admit_locked(srv *s) {
             slot_drop_state(s, victim);
             others += victim->reserved;
         }
+        if (others + want > s->slot_mem) {   /* the chosen slots give up what they hold beyond this request */
+            want = 0;
+            for (int k = 0; k < np; k++) {
+                srv_slot *sl = &s->slots[pick[k]];
+                if (sl->cap_tokens > (int64_t)j->prompt.n + j->max_tokens && !s->n_running) slot_drop_state(s, sl);
+                want += slot_bytes(s, DF_MAX(sl->cap_tokens, (int64_t)j->prompt.n + j->max_tokens));
+            }
+        }
         if (others + want > s->slot_mem && s->n_running > 0) break;   /* waits for running ones to end */
         s->q_head = j->next;
         if (!s->q_head) s->q_tail = NULL;
         s->n_queued--;
         s->q_slots -= j->n_choices;
         j->next = NULL;
-        j->t_started = df_now();
         j->n_open = j->n_choices;
         for (int k = 0; k < np; k++) {
             srv_slot *sl = &s->slots[pick[k]];
@@ -232,9 +237,7 @@ static int admit_locked(srv *s) {
             memset(&sl->res, 0, sizeof sl->res);
         }
         s->n_running++;
-        admitted++;
     }
-    return admitted;
 }
 
 /* ---- generation events ---- */
@@ -396,7 +399,10 @@ static void worker_pass(srv *s) {
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         if (!sl->job || sl->phase != SLOT_DECODE) continue;
-        if (df_batch_add(s->batch, sl->sess, &sl->next, 1, sl->logits, 0, &err)) continue;
+        if (df_batch_add(s->batch, sl->sess, &sl->next, 1, sl->logits, 0, &err)) {
+            slot_release(s, sl, DF_EINVAL, &err);
+            continue;
+        }
         sl->last_rows = 1;
         rows++;
         entries++;
@@ -491,7 +497,6 @@ void *worker_main(void *arg) {
         while (!s->stopping && !s->n_running && !s->q_head) pthread_cond_wait(&s->cv_work, &s->mu);
         if (s->stopping) break;
         admit_locked(s);
-        /* a queued job whose client left is answered by job_cancel; nothing to do here */
         pthread_mutex_unlock(&s->mu);
         worker_pass(s);
         pthread_mutex_lock(&s->mu);

@@ -121,13 +121,16 @@ check(m1.deltafin_generated_tokens_total - m0.deltafin_generated_tokens_total < 
 // concurrent requests queue (FIFO) and all succeed; /health, /v1/models and /metrics answer meanwhile
 const slots = (await (await fetch(BASE + '/props', { headers: auth() })).json()).total_slots;
 const t0 = Date.now();
-const jobs = Array.from({ length: slots + 2 }, (_, i) => i).map((i) => client.chat.completions.create({ model, messages: msgs, max_tokens: 400,
+const jobs = Array.from({ length: slots + 2 }, (_, i) => i).map((i) => client.chat.completions.create({ model, messages: msgs, max_tokens: 150,
   temperature: 0.8, seed: i }).then((r) => ({ r, t: Date.now() - t0 })));
-await sleep(30);
-const during = await metrics();
+let during = await metrics();
+for (let i = 0; i < 200 && !(during.deltafin_requests_running >= 1 && during.deltafin_queue_depth >= 1); i++) {
+  await sleep(10);
+  during = await metrics();
+}
 const h = await fetch(BASE + '/health');
 const ml = await client.models.list();
-check(h.status === 200 && ml.data.length === 1 && during.deltafin_requests_running === slots &&
+check(h.status === 200 && ml.data.length === 1 && during.deltafin_requests_running >= 1 &&
   during.deltafin_queue_depth >= 1, `health/models/metrics answer during generation (${during.deltafin_requests_running} running, queue depth ${during.deltafin_queue_depth})`);
 const results = await Promise.all(jobs);
 check(results.every(({ r }) => r.choices[0].message.content !== undefined && r.usage.completion_tokens >= 1),
@@ -135,13 +138,13 @@ check(results.every(({ r }) => r.choices[0].message.content !== undefined && r.u
 
 // a queued client that disconnects leaves the queue at once
 const blockers = Array.from({ length: slots }, () =>
-  client.completions.create({ model, prompt: [1, 20, 30], max_tokens: 1000, temperature: 0 }));
-await sleep(30);
+  client.completions.create({ model, prompt: [1, 20, 30], max_tokens: 400, temperature: 0 }));
+for (let i = 0; i < 300 && (await metrics()).deltafin_requests_running < slots; i++) await sleep(10);
 const qac = new AbortController();
 const queued = fetch(BASE + '/v1/chat/completions', { method: 'POST', headers: auth(), signal: qac.signal,
   body: JSON.stringify({ model, messages: msgs, max_tokens: 5 }) }).catch(() => null);
-await sleep(100);
-const q1 = (await metrics()).deltafin_queue_depth;
+let q1 = 0;
+for (let i = 0; i < 300 && q1 !== 1; i++) { await sleep(10); q1 = (await metrics()).deltafin_queue_depth; }
 qac.abort();
 await queued;
 await sleep(300);

@@ -176,6 +176,29 @@ if (B0) {
     `--queue 0: served when idle, 429 when busy (${idle.status}, ${second.status})`);
 }
 
+// 10b. slot state counts against --slot-mem (DELTAFIN_URLM: --parallel 2 --slot-mem 1700K, room for one
+// 512-token conversation beside an empty slot): two long requests run one after the other though a slot is free
+const BM = process.env.DELTAFIN_URLM;
+if (BM) {
+  const go = () => fetch(BM + '/v1/completions', { method: 'POST', headers: auth(),
+    body: JSON.stringify({ prompt: [1, 2, 3], max_tokens: 400, temperature: 0 }) });
+  const both = [go(), go()];
+  let maxRunning = 0, sawQueued = 0, settled = false;
+  Promise.all(both).then(() => { settled = true; });
+  while (!settled) {
+    const m = await metrics(BM);
+    maxRunning = Math.max(maxRunning, m.deltafin_requests_running);
+    sawQueued = Math.max(sawQueued, m.deltafin_queue_depth);
+    await sleep(15);
+  }
+  const st = (await Promise.all(both)).map((x) => x.status);
+  check(maxRunning === 1 && sawQueued === 1 && st.every((x) => x === 200),
+    `slot memory: the second long conversation waits instead of overrunning it (max running ${maxRunning}, ${st})`);
+  const big = await fetch(BM + '/v1/completions', { method: 'POST', headers: auth(),
+    body: JSON.stringify({ prompt: Array(480).fill(5), max_tokens: 20 }) });
+  check(big.status === 200, 'a prompt near the context still fits one slot');
+}
+
 // 11. a huge request of token ids is refused before it is parsed, with bounded memory
 {
   const rss = () => pid ? Number(/VmHWM:\s+(\d+)/.exec(fs.readFileSync(`/proc/${pid}/status`, 'utf8'))[1]) : 0;
@@ -188,6 +211,9 @@ if (B0) {
   check(rs.every((x) => x.status === 400 && x.data.includes('context_length_exceeded')),
     'a prompt of 4M token ids is refused as over the context');
   check(!pid || grew < 200 * 1024, `four such requests at once raise peak memory by ${grew} kB (< 200 MB), in ${ms} ms`);
+  const text = await rawHttp(BASE, 'POST', '/v1/completions', JSON.stringify({ prompt: 'word '.repeat(3 << 20) }));
+  check(text.status === 400 && text.data.includes('context_length_exceeded'),
+    'a 15 MiB text prompt is refused before it is tokenised');
 }
 
 // 12. slow clients (a header byte every second, from another address) neither lock others out nor stay

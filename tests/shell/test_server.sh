@@ -99,8 +99,11 @@ start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read
 slots_url=$url slots_pid=$pid
 start ./deltafin "$tmp/q0.log" --api-key "$key" --parallel 1 --queue 0 --no-prompt-cache
 q0_url=$url q0_pid=$pid
+start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 1700K --no-prompt-cache
+mem_url=$url mem_pid=$pid
 SECONDS=0
-DELTAFIN_URL=$slots_url DELTAFIN_URL0=$q0_url DELTAFIN_PID=$slots_pid timeout 300 node tests/server/slots.test.mjs ||
+DELTAFIN_URL=$slots_url DELTAFIN_URL0=$q0_url DELTAFIN_URLM=$mem_url DELTAFIN_PID=$slots_pid timeout 300 \
+    node tests/server/slots.test.mjs ||
     echo "not ok - tests/server/slots.test.mjs exited non-zero"
 echo "# slots.test.mjs took ${SECONDS}s"
 if grep -q '"POST /v1/chat/completions" 200 prompt=[0-9]* cached=[0-9]* restored=[0-9]* completion=[0-9]* ttft_ms=' \
@@ -111,6 +114,7 @@ else
 fi
 stop "$slots_pid" "$tmp/slots.log" "slots"
 stop "$q0_pid" "$tmp/q0.log" "queue-0"
+stop "$mem_pid" "$tmp/mem.log" "slot-memory"
 
 # the prompt cache across restarts: saved, restored with the same answer, a damaged entry refused
 kv=$tmp/kv-restart
