@@ -76,6 +76,11 @@ const m2 = await metrics();
 check(m2.deltafin_prompt_tokens_total - m1.deltafin_prompt_tokens_total <= 2 * one.usage.prompt_tokens,
   'n = 2 prefills its prompt once');
 
+// 3b. an answer cut by the full context ends with "length" and a note saying so
+const full = await client.completions.create({ model, prompt: Array(500).fill(9), max_tokens: 100, temperature: 0 });
+check(full.choices[0].finish_reason === 'length' && full.usage.completion_tokens === 12 && /context is full/.test(full.note),
+  `context full: finish_reason "length" with a note (${full.note})`);
+
 // 4. /tokenize, /detokenize and /props as llama-server has them
 const tk = await post('/tokenize', JSON.stringify({ content: 'hello world' }));
 const dt = await post('/detokenize', JSON.stringify({ tokens: tk.json?.tokens }));
