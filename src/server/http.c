@@ -78,6 +78,16 @@ static void conn_unref(conn_ctx *cc) {
     if (last) conn_log_and_free(cc);
 }
 
+/* What the access log tells of a generation (read once the worker is done with it, or gone). */
+static void conn_note_job(conn_ctx *cc, const srv_job *j) {
+    cc->n_gen = 0;
+    for (int i = 0; i < j->n_choices; i++) cc->n_gen += j->choices[i].n_gen;
+    cc->n_reused = j->n_reused;
+    cc->restored = j->cache_restored;
+    cc->ttft = j->t_first > 0 ? j->t_first - j->t_queued : 0;
+    cc->context_capped = j->context_capped;
+}
+
 /* ---- plain responses ---- */
 
 static void add_cors(srv *s, struct MHD_Connection *c, struct MHD_Response *rsp) {
@@ -308,12 +318,7 @@ static void stream_free(void *cls) {
     pthread_mutex_unlock(&s->mu);
     if (!done) job_cancel(s, j);   /* the connection ended before the generation did */
     conn_ctx *cc = st->cc;
-    cc->n_gen = 0;
-    for (int i = 0; i < j->n_choices; i++) cc->n_gen += j->choices[i].n_gen;
-    cc->n_reused = j->n_reused;
-    cc->restored = j->cache_restored;
-    cc->ttft = j->t_first > 0 ? j->t_first - j->t_queued : 0;
-    cc->context_capped = j->context_capped;
+    conn_note_job(cc, j);
     if (!done) cc->status = 499;
     job_release(s, j);
     conn_unref(cc);
@@ -514,11 +519,7 @@ static enum MHD_Result handle_generate(srv *s, struct MHD_Connection *c, conn_ct
         if (done || stop || gone) break;
         gone = wait_news(j, &cl, 1000);
     }
-    cc->n_reused = j->n_reused;
-    cc->restored = j->cache_restored;
-    cc->ttft = j->t_first > 0 ? j->t_first - j->t_queued : 0;
-    cc->context_capped = j->context_capped;
-    for (int i = 0; i < j->n_choices; i++) cc->n_gen += j->choices[i].n_gen;
+    conn_note_job(cc, j);
     if (gone || !done) {
         job_cancel(s, j);
         job_release(s, j);
@@ -597,20 +598,7 @@ static enum MHD_Result handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx 
             size_t len = 0, cap = 0;
             if (!err.status && tokenizer_decode(s->tok, ids.v, ids.n, &buf, &len, &cap, &de))
                 srv_err_set(&err, 400, "invalid_request_error", "invalid_value", "tokens", "%s", de.msg);
-            if (!err.status) {
-                json_t *str = json_stringn(buf ? buf : "", len);   /* NULL for invalid UTF-8: lossy */
-                if (!str) {
-                    text_buf b = {0};
-                    for (size_t k = 0; k < len;) {
-                        int n = utf8_valid_len((const uint8_t *)buf + k, len - k);
-                        if (n > 0) text_buf_append(&b, buf + k, (size_t)n), k += (size_t)n;
-                        else text_buf_puts(&b, "\xEF\xBF\xBD"), k++;
-                    }
-                    str = json_stringn(b.p ? b.p : "", b.len);
-                    text_buf_free(&b);
-                }
-                out = json_pack("{s:o}", "content", str);
-            }
+            if (!err.status) out = json_pack("{s:o}", "content", respond_lossy_string((const uint8_t *)buf, len));
             free(buf);
             tok_ids_free(&ids);
         }

@@ -10,7 +10,7 @@
 
 static const char *finish_name(gen_finish f) { return f == GEN_FINISH_LENGTH ? "length" : "stop"; }
 
-static json_t *lossy_string(const uint8_t *p, size_t n) {
+json_t *respond_lossy_string(const uint8_t *p, size_t n) {
     text_buf b = {0};
     text_buf_puts(&b, "");
     for (size_t i = 0; i < n;) {
@@ -44,7 +44,7 @@ static json_t *bytes_array(const uint8_t *p, size_t n) {
 static json_t *chat_logprob_entry(const srv *s, int32_t id, float lp, const sample_result *top) {
     size_t n;
     const uint8_t *b = token_bytes(s, id, &n);
-    json_t *e = json_pack("{s:o,s:f,s:o}", "token", lossy_string(b, n), "logprob", (double)lp, "bytes",
+    json_t *e = json_pack("{s:o,s:f,s:o}", "token", respond_lossy_string(b, n), "logprob", (double)lp, "bytes",
                           bytes_array(b, n));
     if (top) {
         json_t *alts = json_array();
@@ -59,13 +59,13 @@ static json_t *chat_logprob_entry(const srv *s, int32_t id, float lp, const samp
 static void completion_logprobs_add(const srv *s, json_t *o, const sample_result *r, size_t offset) {
     size_t n;
     const uint8_t *b = token_bytes(s, r->id, &n);
-    json_array_append_new(json_object_get(o, "tokens"), lossy_string(b, n));
+    json_array_append_new(json_object_get(o, "tokens"), respond_lossy_string(b, n));
     json_array_append_new(json_object_get(o, "token_logprobs"), json_real(r->logprob));
     json_array_append_new(json_object_get(o, "text_offset"), json_integer((json_int_t)offset));
     json_t *top = json_object();
     for (int i = 0; i < r->n_top; i++) {
         const uint8_t *tb = token_bytes(s, r->top[i].id, &n);
-        json_t *k = lossy_string(tb, n);
+        json_t *k = respond_lossy_string(tb, n);
         json_object_set_new(top, json_string_value(k), json_real(r->top[i].logprob));
         json_decref(k);
     }

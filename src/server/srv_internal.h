@@ -139,6 +139,9 @@ int job_enqueue(srv *s, srv_job *j, srv_err *err);
 void job_cancel(srv *s, srv_job *j);
 
 /* respond.c */
+struct json_t;
+/* bytes as a JSON string, invalid UTF-8 replaced by U+FFFD */
+struct json_t *respond_lossy_string(const uint8_t *p, size_t n);
 void respond_sse_role_chunk(const srv *s, srv_job *j, text_buf *out);
 void respond_sse_event(const srv *s, srv_job *j, int choice, const gen_event *ev, text_buf *out);
 void respond_sse_end(const srv *s, srv_job *j, text_buf *out);
