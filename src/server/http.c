@@ -318,8 +318,8 @@ static void stream_free(void *cls) {
     pthread_mutex_unlock(&s->mu);
     if (!done) job_cancel(s, j);   /* the connection ended before the generation did */
     conn_ctx *cc = st->cc;
-    conn_note_job(cc, j);
-    if (!done) cc->status = 499;
+    if (done) conn_note_job(cc, j);   /* else the worker may still be writing them */
+    else cc->status = 499;
     job_release(s, j);
     conn_unref(cc);
     free(st);
@@ -519,7 +519,7 @@ static enum MHD_Result handle_generate(srv *s, struct MHD_Connection *c, conn_ct
         if (done || stop || gone) break;
         gone = wait_news(j, &cl, 1000);
     }
-    conn_note_job(cc, j);
+    if (done) conn_note_job(cc, j);
     if (gone || !done) {
         job_cancel(s, j);
         job_release(s, j);
