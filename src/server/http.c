@@ -544,6 +544,10 @@ static enum MHD_Result handle_generate(srv *s, struct MHD_Connection *c, conn_ct
 
 static enum MHD_Result handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err err = {0};
+    if (!parse_enter(s)) {
+        srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        return send_error(s, c, cc, &err, NULL);
+    }
     json_error_t je;
     json_t *root = json_loadb(cc->body.p ? cc->body.p : "", cc->body.len, JSON_REJECT_DUPLICATES, &je);
     json_t *out = NULL;
@@ -604,6 +608,7 @@ static enum MHD_Result handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx 
         }
     }
     json_decref(root);
+    parse_leave(s);
     if (!out) {
         if (!err.status)
             srv_err_set(&err, 400, "invalid_request_error", "invalid_json", NULL, "The body is not valid JSON.");
