@@ -119,6 +119,10 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 /* Returns the session to position pos, which lies between the start of its last evaluation and now, as if
  * the tokens after pos had never been evaluated (speculation rollback). */
 int df_session_truncate(df_session *s, int64_t pos, df_error *err);
+/* Bytes a session of this engine holds once it has consumed n_tokens (recurrent state, convolution tails,
+ * the attention cache as it grows, its token history and last logits): what a server reserves per
+ * conversation so that sessions count in the memory budget. */
+uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
 
 /* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
  * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.

@@ -246,6 +246,24 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 
 int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 
+/* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
+uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
+    const df_config *c = &e->model.cfg;
+    int64_t cap = 64;
+    while (cap < n_tokens) cap *= 2;
+    uint64_t bytes = (uint64_t)e->info.vocab_size * sizeof(float) + (uint64_t)cap * 2 * sizeof(int32_t);
+    for (int i = 0; i < c->n_layers; i++) {
+        if (c->mixer[i] == MIXER_KDA) {
+            uint64_t pk = (uint64_t)c->kda_heads * c->kda_dim;
+            bytes += ((uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1) *
+                     sizeof(float);
+        } else {
+            bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
+        }
+    }
+    return bytes;
+}
+
 int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
     if (dst->eng != src->eng) {
         df_error_set(err, DF_EINVAL, "sessions belong to different engines");

@@ -2,6 +2,7 @@
  * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed. */
 #include "generate.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
 
@@ -12,6 +13,13 @@ typedef struct gen_text {
     chat_text rs, ct;
     text_buf out;
 } gen_text;
+
+struct gen_state {
+    gen_config cfg;
+    sampler smp;
+    gen_text g;
+    int i;
+};
 
 /* Decodes one id into rs (reasoning) / ct (answer); returns 1 at the end of the chat message. */
 static int gen_text_feed(gen_text *g, const gen_config *cfg, int32_t id) {
@@ -29,63 +37,82 @@ static void gen_text_finish(gen_text *g, const gen_config *cfg) {
     else utf8_stream_flush(&g->u8, &g->ct.p, &g->ct.len, &g->ct.cap);
 }
 
+gen_state *gen_state_new(const gen_config *cfg, int n_vocab) {
+    DF_ASSERT(cfg->max_tokens > 0 && n_vocab > 0);
+    gen_state *s = xcalloc(1, sizeof *s);
+    s->cfg = *cfg;
+    sampler_init(&s->smp, &cfg->sp, n_vocab);
+    if (cfg->chat && cfg->tok) s->g.split = chat_splitter_new(cfg->tok, cfg->fmt, cfg->in_reasoning);
+    utf8_stream_init(&s->g.u8);
+    stop_init(&s->g.stop, cfg->stop, cfg->n_stop);
+    return s;
+}
+
+void gen_state_free(gen_state *s) {
+    if (!s) return;
+    if (s->g.split) chat_splitter_free(s->g.split);
+    chat_text_free(&s->g.rs);
+    chat_text_free(&s->g.ct);
+    text_buf_free(&s->g.out);
+    stop_free(&s->g.stop);
+    sampler_free(&s->smp);
+    free(s);
+}
+
+int gen_step(gen_state *s, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res) {
+    const gen_config *cfg = &s->cfg;
+    gen_text *g = &s->g;
+    double t0 = df_now();
+    sample_result sr;
+    int32_t id = sampler_sample(&s->smp, logits, &sr);
+    sampler_accept(&s->smp, id);
+    tok_ids_push(&res->ids, id);
+    g->rs.len = g->ct.len = 0;
+    text_buf_clear(&g->out);
+    int ended = id == cfg->eos_id || gen_text_feed(g, cfg, id);
+    int at_limit = !ended && ++s->i >= cfg->max_tokens;
+    if (ended || at_limit) gen_text_finish(g, cfg);
+    gen_event ev = {.id = id, .sample = &sr};
+    if (stop_feed(&g->stop, g->ct.p, g->ct.len, &g->out)) {
+        ev.final = 1;
+        ev.finish = GEN_FINISH_STOP;
+    } else if (ended || at_limit) {
+        stop_flush(&g->stop, &g->out);
+        ev.final = 1;
+        ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
+    }
+    ev.content = g->out.p ? g->out.p : "";
+    ev.content_len = g->out.len;
+    ev.reasoning = g->rs.p ? g->rs.p : "";
+    ev.reasoning_len = g->rs.len;
+    res->finish = ev.finish;
+    int stop = cb && cb(ctx, &ev) && !ev.final;
+    if (stop) res->finish = GEN_FINISH_CANCELLED;
+    *next = id;
+    res->decode_s += df_now() - t0;
+    return ev.final || stop;
+}
+
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err) {
     memset(res, 0, sizeof *res);
-    DF_ASSERT(cfg->max_tokens > 0 && n_vocab > 0);
-    sampler smp;
-    sampler_init(&smp, &cfg->sp, n_vocab);
-    gen_text g;
-    memset(&g, 0, sizeof g);
-    if (cfg->chat && cfg->tok) g.split = chat_splitter_new(cfg->tok, cfg->fmt, cfg->in_reasoning);
-    utf8_stream_init(&g.u8);
-    stop_init(&g.stop, cfg->stop, cfg->n_stop);
-    double t0 = df_now();
+    gen_state *g = gen_state_new(cfg, n_vocab);
     int rc = DF_OK;
-    for (int i = 0;; i++) {
-        sample_result sr;
-        int32_t id = sampler_sample(&smp, logits, &sr);
-        sampler_accept(&smp, id);
-        tok_ids_push(&res->ids, id);
-        g.rs.len = g.ct.len = 0;
-        text_buf_clear(&g.out);
-        int ended = id == cfg->eos_id || gen_text_feed(&g, cfg, id);
-        int at_limit = !ended && i + 1 >= cfg->max_tokens;
-        if (ended || at_limit) gen_text_finish(&g, cfg);
-        gen_event ev = {.id = id, .sample = &sr};
-        if (stop_feed(&g.stop, g.ct.p, g.ct.len, &g.out)) {
-            ev.final = 1;
-            ev.finish = GEN_FINISH_STOP;
-        } else if (ended || at_limit) {
-            stop_flush(&g.stop, &g.out);
-            ev.final = 1;
-            ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
-        }
-        ev.content = g.out.p ? g.out.p : "";
-        ev.content_len = g.out.len;
-        ev.reasoning = g.rs.p ? g.rs.p : "";
-        ev.reasoning_len = g.rs.len;
-        res->finish = ev.finish;
-        if (cb && cb(ctx, &ev) && !ev.final) {
-            res->finish = GEN_FINISH_CANCELLED;
-            df_error_set(err, DF_ECANCELLED, "generation cancelled");
-            rc = DF_ECANCELLED;
-            break;
-        }
-        if (ev.final) break;
+    int32_t id;
+    while (!gen_step(g, logits, cb, ctx, &id, res)) {
+        double t0 = df_now();
         rc = df_session_eval(s, &id, 1, logits, 0, err);
+        res->decode_s += df_now() - t0;
         if (rc) {
             if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
             break;
         }
         res->n_evaluated++;
     }
-    res->decode_s = df_now() - t0;
-    if (g.split) chat_splitter_free(g.split);
-    chat_text_free(&g.rs);
-    chat_text_free(&g.ct);
-    text_buf_free(&g.out);
-    stop_free(&g.stop);
-    sampler_free(&smp);
+    if (!rc && res->finish == GEN_FINISH_CANCELLED) {
+        df_error_set(err, DF_ECANCELLED, "generation cancelled");
+        rc = DF_ECANCELLED;
+    }
+    gen_state_free(g);
     return rc;
 }

@@ -53,4 +53,14 @@ typedef struct gen_result {
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err);
 
+/* The same loop one token at a time, for callers that evaluate many sessions together (the server): a
+ * gen_state samples from the logits it is given, reports the event, and hands back the id to evaluate. */
+typedef struct gen_state gen_state;
+gen_state *gen_state_new(const gen_config *cfg, int n_vocab);
+void gen_state_free(gen_state *g);
+/* Samples from logits (used as scratch) and reports the token through cb. Returns 0 when *next must be
+ * evaluated and its logits passed to the next call, 1 when the generation ended (res->finish says how;
+ * GEN_FINISH_CANCELLED when cb asked to stop). res accumulates over the calls (ids, finish). */
+int gen_step(gen_state *g, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res);
+
 #endif

@@ -25,7 +25,7 @@ static void metric(text_buf *o, const char *name, const char *type, const char *
 
 void metrics_text(srv *s, text_buf *o) {
     pthread_mutex_lock(&s->mu);
-    int queued = s->n_queued, running = s->running != NULL;
+    int queued = s->n_queued, running = s->n_running;
     pthread_mutex_unlock(&s->mu);
     srv_metrics *m = &s->m;
     pthread_mutex_lock(&m->mu);
@@ -46,6 +46,14 @@ void metrics_text(srv *s, text_buf *o) {
     metric(o, "deltafin_decode_seconds_total", "counter", "Time spent generating tokens.", m->decode_s);
     metric(o, "deltafin_seconds_per_token", "gauge", "Decode time per token of the last generation.",
            m->last_s_per_token);
+    metric(o, "deltafin_time_to_first_token_seconds", "gauge",
+           "Time from queueing to the first token of the last request (prefill or restored state).", m->last_ttft_s);
+    metric(o, "deltafin_prompt_cache_restored_total", "counter", "Prompts whose prefix was restored from disk.",
+           (double)m->prompt_cache_restored);
+    metric(o, "deltafin_prompt_cache_saved_total", "counter", "Prompt states written to the disk cache.",
+           (double)m->prompt_cache_saved);
+    metric(o, "deltafin_connections_timed_out_total", "counter",
+           "Connections closed because a request did not arrive within the read timeout.", (double)m->conn_timeouts);
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
     metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
            (double)m->engine.expert_misses);
@@ -55,5 +63,6 @@ void metrics_text(srv *s, text_buf *o) {
            (double)m->engine.net_bytes);
     pthread_mutex_unlock(&m->mu);
     metric(o, "deltafin_queue_depth", "gauge", "Requests waiting for the generation worker.", queued);
-    metric(o, "deltafin_requests_running", "gauge", "Generations running (0 or 1).", running);
+    metric(o, "deltafin_requests_running", "gauge", "Requests being answered in the conversation slots.", running);
+    metric(o, "deltafin_slots", "gauge", "Conversation slots decoded together (--parallel).", s->n_slots);
 }

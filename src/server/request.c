@@ -36,7 +36,19 @@ typedef struct pctx {
     srv_request *r;
     srv_err *err;
     const srv_limits *lim;
+    text_buf ignored;
 } pctx;
+
+/* An unknown field: refused in strict mode, else noted and skipped. Returns -1 when refused. */
+static int unknown(pctx *c, const char *name) {
+    if (c->lim->strict) {
+        srv_err_set(c->err, 400, "invalid_request_error", "unknown_parameter", name,
+                    "Unrecognized request argument supplied: %.200s", name);
+        return -1;
+    }
+    if (c->ignored.len < 512) text_buf_printf(&c->ignored, "%s%.100s", c->ignored.len ? "," : "", name);
+    return 0;
+}
 
 static int bad(pctx *c, const char *param, const char *fmt, const char *detail) {
     char msg[400];
@@ -112,9 +124,11 @@ static int parse_content(pctx *c, json_t *v, int i, char **out) {
         json_object_foreach(part, key, val) {
             if (strcmp(key, "type") && strcmp(key, "text")) {
                 char kn[200];
-                snprintf(kn, sizeof kn, "%s.%s", pn, key);
-                text_buf_free(&b);
-                return bad(c, kn, "Unrecognized content part field: '%s'.", key);
+                snprintf(kn, sizeof kn, "%s.%.64s", pn, key);
+                if (unknown(c, kn)) {
+                    text_buf_free(&b);
+                    return -1;
+                }
             }
         }
         json_t *type = json_object_get(part, "type"), *text = json_object_get(part, "text");
@@ -159,9 +173,8 @@ static int parse_messages(pctx *c, json_t *v) {
                 strcmp(key, "reasoning_content")) {
                 char kn[200];
                 snprintf(kn, sizeof kn, "%s.%.64s", name, key);
-                return bad(c, kn, "Unsupported message field '%s' (role, content, name, reasoning_content are "
-                                  "supported).",
-                           key);
+                if (json_is_null(val)) continue;
+                if (unknown(c, kn)) return -1;
             }
         }
         srv_message *msg = &c->r->msgs[i];
@@ -263,7 +276,8 @@ static int parse_stream_options(pctx *c, json_t *v) {
         if (strcmp(key, "include_usage")) {
             char kn[100];
             snprintf(kn, sizeof kn, "stream_options.%.64s", key);
-            return bad(c, kn, "Unrecognized stream option: '%s'.", key);
+            if (unknown(c, kn)) return -1;
+            continue;
         }
         if (get_bool(c, val, "stream_options.include_usage", &c->r->include_usage)) return -1;
     }
@@ -284,18 +298,41 @@ static int known_field(const char *const *list, const char *key) {
     return 0;
 }
 
+/* Fields clients send with a value that changes nothing here; treated as absent even in strict mode. */
+static int no_op_value(const char *key, json_t *v) {
+    if (json_is_null(v)) return 1;
+    if (!strcmp(key, "store") || !strcmp(key, "echo") || !strcmp(key, "parallel_tool_calls"))
+        return json_is_false(v) || !strcmp(key, "parallel_tool_calls");
+    if (!strcmp(key, "metadata")) return json_is_object(v);
+    if (!strcmp(key, "logit_bias")) return json_is_object(v) && json_object_size(v) == 0;
+    if (!strcmp(key, "service_tier")) return json_is_string(v);
+    if (!strcmp(key, "best_of")) return json_is_integer(v) && json_integer_value(v) == 1;
+    if (!strcmp(key, "modalities"))
+        return json_is_array(v) && json_array_size(v) == 1 && json_is_string(json_array_get(v, 0)) &&
+               !strcmp(json_string_value(json_array_get(v, 0)), "text");
+    return 0;
+}
+
+static int name_served(const srv_limits *lim, const char *name) {
+    for (int i = 0; i < lim->n_names; i++)
+        if (!strcmp(lim->names[i], name)) return 1;
+    return 0;
+}
+
 /* One top-level field. */
 static int parse_field(pctx *c, const char *key, json_t *v) {
     srv_request *r = c->r;
     long long x;
     if (!strcmp(key, "model")) {
+        if (json_is_null(v)) return 0;
         if (!json_is_string(v)) return bad_type(c, "model", "a string");
-        if (c->lim->model_id && strcmp(json_string_value(v), c->lim->model_id)) {
+        if (c->lim->strict && !name_served(c->lim, json_string_value(v))) {
             srv_err_set(c->err, 404, "invalid_request_error", "model_not_found", "model",
                         "The model '%.200s' does not exist; this server serves '%.200s'.", json_string_value(v),
-                        c->lim->model_id);
+                        c->lim->n_names ? c->lim->names[0] : "");
             return -1;
         }
+        r->model = xstrdup(json_string_value(v));
         return 0;
     }
     if (!strcmp(key, "messages")) return parse_messages(c, v);
@@ -329,7 +366,8 @@ static int parse_field(pctx *c, const char *key, json_t *v) {
     if (!strcmp(key, "stop")) return parse_stop(c, v);
     if (!strcmp(key, "n")) {
         if (json_is_null(v)) return 0;
-        if (get_int(c, v, key, 1, 1, &x)) return -1;
+        if (get_int(c, v, key, 1, c->lim->max_choices > 0 ? c->lim->max_choices : 1, &x)) return -1;
+        r->n = (int)x;
         return 0;
     }
     if (!strcmp(key, "logprobs")) {
@@ -367,8 +405,9 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
                       srv_err *err) {
     memset(r, 0, sizeof *r);
     r->ep = ep;
+    r->n = 1;
     sample_params_default(&r->sp);
-    pctx c = {r, err, lim};
+    pctx c = {r, err, lim, {0}};
     json_error_t je;
     json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES | JSON_DECODE_ANY, &je);
     if (!root) {
@@ -385,10 +424,9 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
         json_t *v;
         json_object_foreach(root, key, v) {
             if (!known_field(fields, key)) {
-                srv_err_set(err, 400, "invalid_request_error", "unknown_parameter", key,
-                            "Unrecognized request argument supplied: %.200s", key);
-                rc = -1;
-                break;
+                if (no_op_value(key, v)) continue;
+                if ((rc = unknown(&c, key))) break;
+                continue;
             }
             if ((rc = parse_field(&c, key, v))) break;
         }
@@ -399,10 +437,16 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
                     "Missing required parameter: '%s'.", need);
         rc = -1;
     }
-    if (!rc && r->sp.n_top_logprobs && !r->logprobs && ep == SRV_EP_CHAT)
-        rc = bad(&c, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true.%s", "");
-    if (!rc && r->include_usage && !r->stream)
-        rc = bad(&c, "stream_options", "'stream_options' is only allowed when 'stream' is true.%s", "");
+    if (!rc && r->sp.n_top_logprobs && !r->logprobs && ep == SRV_EP_CHAT) {
+        if (lim->strict) rc = bad(&c, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true.%s", "");
+        else r->sp.n_top_logprobs = 0;
+    }
+    if (!rc && r->include_usage && !r->stream) {
+        if (lim->strict) rc = bad(&c, "stream_options", "'stream_options' is only allowed when 'stream' is true.%s", "");
+        else r->include_usage = 0;
+    }
+    if (!rc && c.ignored.len) r->ignored = xstrdup(c.ignored.p);
+    text_buf_free(&c.ignored);
     json_decref(root);
     if (rc) srv_request_free(r);
     return rc;
@@ -420,5 +464,7 @@ void srv_request_free(srv_request *r) {
     for (int i = 0; i < r->n_stop; i++) free(r->stop[i]);
     free(r->stop);
     free(r->reasoning_effort);
+    free(r->model);
+    free(r->ignored);
     memset(r, 0, sizeof *r);
 }

@@ -1,6 +1,8 @@
 /* request.h — parsing and validating an OpenAI request body (chat completions or completions) into a plain
- * struct. A pure function of its input (no model, no I/O) so it can be fuzzed: anything unknown, of the wrong
- * type or out of range is refused with an OpenAI-shaped error that names the field. */
+ * struct. A pure function of its input (no model, no I/O) so it can be fuzzed: anything of the wrong type or
+ * out of range is refused with an OpenAI-shaped error that names the field. Unknown fields, and null or
+ * no-op values, are ignored by default (and reported) the way clients written for OpenAI expect; strict
+ * mode refuses unknown fields. */
 #ifndef DF_SRV_REQUEST_H
 #define DF_SRV_REQUEST_H
 
@@ -12,6 +14,7 @@
 typedef enum { SRV_EP_CHAT = 1, SRV_EP_COMPLETIONS = 2 } srv_endpoint;
 
 #define SRV_MAX_STOP 16
+#define SRV_MAX_CHOICES 8
 #define SRV_MAX_STOP_LEN 256
 
 typedef struct srv_err {
@@ -34,8 +37,11 @@ typedef struct srv_message {
 } srv_message;
 
 typedef struct srv_limits {
-    const char *model_id;   /* a request's model must equal it when given */
+    const char *const *names;   /* the served model's names; strict mode refuses any other */
+    int n_names;
     int n_vocab;            /* token-array prompts must be below it */
+    int strict;             /* refuse unknown fields and other model names (default: ignore and list them) */
+    int max_choices;        /* n may be 1..max_choices */
 } srv_limits;
 
 typedef struct srv_request {
@@ -54,6 +60,9 @@ typedef struct srv_request {
     int n_stop;
     int logprobs;            /* report log-probabilities (sp.n_top_logprobs alternatives) */
     char *reasoning_effort;  /* chat: low | high | max | none; NULL = model default */
+    int n;                   /* answers wanted (>= 1) */
+    char *model;             /* the name asked for, or NULL */
+    char *ignored;           /* lenient mode: unknown fields that were ignored, comma-separated; NULL if none */
 } srv_request;
 
 /* Returns 0 and fills out, or -1 and fills err (out is then empty). */

@@ -1,5 +1,6 @@
 /* srv_internal.h — what the server's files share: the server context, jobs (one accepted generation
- * request, shared by its connection thread and the worker), metrics, and the JSON/SSE writers. */
+ * request, shared by its connection thread and the worker), conversation slots, metrics, and the JSON/SSE
+ * writers. */
 #ifndef DF_SRV_INTERNAL_H
 #define DF_SRV_INTERNAL_H
 
@@ -12,13 +13,14 @@
 #include "tokenizer/tokenizer.h"
 
 /* ---- metrics ---- */
-#define SRV_N_STATUS 12
+#define SRV_N_STATUS 16
 typedef struct srv_metrics {
     pthread_mutex_t mu;
     int status_code[SRV_N_STATUS];
     uint64_t status_count[SRV_N_STATUS];
-    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled;
-    double prefill_s, decode_s, last_s_per_token;
+    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled, conn_timeouts;
+    uint64_t prompt_cache_restored, prompt_cache_saved;
+    double prefill_s, decode_s, last_s_per_token, last_ttft_s;
     df_stats engine;   /* snapshot taken by the worker between evaluations */
 } srv_metrics;
 
@@ -27,6 +29,16 @@ void metrics_free(srv_metrics *m);
 void metrics_count_status(srv_metrics *m, int status);
 
 /* ---- jobs ---- */
+
+/* One of a request's n answers. */
+typedef struct srv_choice {
+    text_buf content, reasoning;  /* non-streaming: the whole answer */
+    void *logprobs;               /* json_t*: chat "content" array or completions arrays object */
+    size_t text_offset;
+    int n_gen;
+    gen_finish finish;
+} srv_choice;
+
 typedef struct srv_job {
     struct srv_job *next;        /* queue link (srv.mu) */
     int refs;                    /* srv.mu: the connection's and the queue/worker's */
@@ -34,70 +46,114 @@ typedef struct srv_job {
     tok_ids prompt;
     int max_tokens;
     int chat, in_reasoning;
+    int n_choices;
     atomic_int cancel;           /* set by the connection when its client is gone */
     int done;                    /* srv.mu */
     int failed;                  /* srv.mu; err holds why */
     srv_err err;
-    pthread_cond_t cv;           /* signalled on new output and on done */
+    int wake_fd;                 /* eventfd: written on new output and when done (the connection polls it) */
     text_buf sse;                /* streaming: bytes for the client (srv.mu) */
     /* filled by the worker, read by the connection after done */
-    text_buf content, reasoning;
-    void *logprobs;              /* json_t*: chat "content" array or completions arrays object */
-    size_t text_offset;
-    int n_prompt, n_gen, n_reused;
-    gen_finish finish;
+    srv_choice *choices;
+    int n_prompt, n_reused, n_open;
+    int context_capped;          /* max_tokens was cut to what the context has room for */
+    uint64_t state_need;         /* bytes of one slot's state for this request */
+    double t_queued, t_first;    /* when it was queued; when its first token was ready (0 = not yet) */
+    int cache_restored;          /* tokens restored from the prompt cache */
+    int64_t cache_at;            /* the prompt prefix the prompt cache keeps (its state is saved there) */
+    const char *model_name;      /* the name answered with (owned by srv) */
     char id[48];
     long long created;
 } srv_job;
+
+/* ---- conversation slots (worker-only) ---- */
+typedef enum { SLOT_IDLE = 0, SLOT_SYNC, SLOT_PREFILL, SLOT_WAIT_COPY, SLOT_DECODE } slot_phase;
+
+typedef struct srv_slot {
+    df_session *sess;
+    srv_job *job;                /* NULL when idle */
+    int choice;                  /* which of job's answers */
+    slot_phase phase;
+    int64_t at;                  /* prefill: next prompt index to evaluate */
+    int64_t save_at;             /* prefill: save the state for the prompt cache at this index (0 = no) */
+    int32_t next;                /* decode: the token to evaluate */
+    gen_state *gen;
+    gen_result res;
+    float *logits;               /* [vocab] */
+    int64_t cap_tokens;          /* most tokens this session has been sized for */
+    uint64_t reserved;           /* bytes counted against the slot memory */
+    uint64_t seq;                /* admission order */
+    double last_used;
+    int last_rows;               /* rows of this slot in the current pass */
+} srv_slot;
+
+typedef struct srv_conn_watch srv_conn_watch;
 
 /* ---- the server ---- */
 struct srv {
     srv_opts o;
     char *model_id;
     df_engine *eng;
-    df_session *sess;
     const df_model_info *info;
     tokenizer *tok;
     chat_format fmt;
     int has_chat;
+    size_t max_token_bytes;      /* the longest token's text */
     struct MHD_Daemon *mhd;
     int listen_fd, port;
     long long started;
-    pthread_t worker;
-    int worker_started;
+    pthread_t worker, reaper;
+    int worker_started, reaper_started;
     pthread_mutex_t mu;
     pthread_cond_t cv_work;
     srv_job *q_head, *q_tail;
-    int n_queued;
-    srv_job *running;
+    int n_queued, q_slots, n_running;   /* q_slots: slots the queued requests need */
     int stopping;
-    uint64_t next_id;
+    uint64_t next_id, next_seq;
     srv_metrics m;
-    /* worker-only */
-    tok_ids hist;                /* exactly the tokens the session has consumed */
-    float *logits;
+    /* slots: the worker's; n_slots and memory fixed at start */
+    srv_slot *slots;
+    int n_slots;
+    uint64_t slot_mem;           /* bytes all slots' states may use together */
+    int pass_rows;               /* most rows one forward pass takes */
+    df_batch *batch;
+    struct prompt_cache *pcache; /* prompt states kept on disk; NULL when off */
+    int n_parsing;               /* srv.mu: request bodies being parsed (bounded) */
+    pthread_cond_t cv_parse;
+    /* connection watch (http.c) */
+    pthread_mutex_t cw_mu;
+    pthread_cond_t cw_cv;
+    srv_conn_watch *cw_head;
+    int cw_stop;
 };
 
 /* worker.c */
 void *worker_main(void *arg);
 srv_job *job_new(srv *s);
 void job_release(srv *s, srv_job *j);      /* takes srv.mu */
-/* Queues j (the queue takes a reference) or refuses with 429 when full; 503 while stopping. */
+void job_wake(srv_job *j);                 /* tells the connection there is news */
+/* Queues j (the queue takes a reference) or refuses with 429 when the queue is full; 503 while stopping.
+ * With --queue 0 a request is taken only when a slot is free at once. */
 int job_enqueue(srv *s, srv_job *j, srv_err *err);
-/* The client is gone: a queued job leaves the queue now, a running one stops at the next layer. */
+/* The client is gone: a queued job leaves the queue now, a running one stops before the next pass. */
 void job_cancel(srv *s, srv_job *j);
 
 /* respond.c */
+struct json_t;
+/* bytes as a JSON string, invalid UTF-8 replaced by U+FFFD */
+struct json_t *respond_lossy_string(const uint8_t *p, size_t n);
 void respond_sse_role_chunk(const srv *s, srv_job *j, text_buf *out);
-void respond_sse_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *out);
+void respond_sse_event(const srv *s, srv_job *j, int choice, const gen_event *ev, text_buf *out);
 void respond_sse_end(const srv *s, srv_job *j, text_buf *out);
-void respond_accumulate(const srv *s, srv_job *j, const gen_event *ev);
+void respond_accumulate(const srv *s, srv_job *j, int choice, const gen_event *ev);
 char *respond_final_json(const srv *s, srv_job *j);
 char *respond_models_json(const srv *s, const char *only_id);
+char *respond_props_json(srv *s);
 void metrics_text(srv *s, text_buf *out);
 
-/* http.c: binds and starts libmicrohttpd */
+/* http.c: binds and starts libmicrohttpd and the connection watch */
 int http_start(srv *s, df_error *err);
+void http_stop(srv *s);
 
 /* page.c */
 extern const char srv_page_html[];

@@ -12,7 +12,7 @@ const cases = [
   ['body that is not an object', '/v1/chat/completions', '"hello"', 400, 'invalid_value'],
   ['messages of the wrong type', '/v1/chat/completions', '{"messages": 5}', 400, 'invalid_type'],
   ['max_tokens of the wrong type', '/v1/chat/completions', chat({ max_tokens: 'ten' }), 400, 'invalid_type'],
-  ['n = 2', '/v1/chat/completions', chat({ n: 2 }), 400, 'invalid_value'],
+  ['n = 99', '/v1/chat/completions', chat({ n: 99 }), 400, 'invalid_value'],
   ['image content part', '/v1/chat/completions', JSON.stringify({ messages: [{ role: 'user',
     content: [{ type: 'image_url', image_url: { url: 'x' } }] }] }), 400, null],
   ['prompt longer than the context', '/v1/completions', JSON.stringify({ prompt: Array(info.context_length + 1).fill(7) }), 400,
@@ -77,8 +77,10 @@ r = await raw('GET', '/metrics');
 check(r.status === 200 && /deltafin_requests_total\{status="400"\} \d+/.test(r.text) &&
   /deltafin_requests_total\{status="413"\}/.test(r.text), 'metrics count requests by status');
 
-// a streaming request queued behind a long generation gets SSE keep-alive comments (server runs --keepalive 0.3)
-const long = post('/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 1000, temperature: 0 }));
+// a streaming request queued behind long generations gets SSE keep-alive comments (server runs --keepalive 0.3)
+const slots = (await (await fetch(BASE + '/props', { headers: auth() })).json()).total_slots;
+const long = Promise.all(Array.from({ length: slots }, () =>
+  post('/v1/completions', JSON.stringify({ prompt: 'x', max_tokens: 300, temperature: 0 }))));
 await sleep(30);
 const q = await fetch(BASE + '/v1/completions', { method: 'POST', headers: auth(),
   body: JSON.stringify({ prompt: 'y', max_tokens: 3, stream: true }) });

@@ -1,6 +1,6 @@
 // web.test.mjs — the chat page at "/" in headless Chromium (Debian's /usr/bin/chromium driven by
-// playwright-core): an answer streams in, tokens/s is shown, a screenshot is taken of it, and the stop
-// button ends a long answer.
+// playwright-core): an answer streams in, tokens/s is shown, a screenshot is taken of it, the stop button
+// ends a long answer, the system prompt is sent, an error turn is recoverable, and New chat starts over.
 import fs from 'node:fs';
 import { chromium } from 'playwright-core';
 import { BASE, KEY, check, done } from './common.mjs';
@@ -56,6 +56,34 @@ try {
   const blank = await page.screenshot({ clip: { ...box, y: box.y + box.height + 150 } });
   check(png.length > 1000 && box.height > 10 && crop.length > 2 * blank.length,
     `screenshot shows the answer (${crop.length} vs ${blank.length} bytes blank), saved to ${shot}`);
+
+  // a system prompt goes first in the request; an error leaves no broken turn behind and the text comes
+  // back into the input; the new-chat button starts over
+  const bodies = [];
+  page.on('request', (rq) => { if (rq.url().endsWith('/v1/chat/completions')) bodies.push(JSON.parse(rq.postData())); });
+  await page.fill('#system', 'Be brief.');
+  await page.fill('#maxtok', '999999999999');   // refused by the server: an error turn
+  await page.fill('#input', 'This one fails');
+  await page.press('#input', 'Enter');
+  await page.waitForSelector('.assistant.error[data-done="1"]', { timeout: 30000 });
+  check(await page.inputValue('#input') === 'This one fails', 'after an error the message is back in the input');
+  await page.fill('#maxtok', '8');
+  await page.fill('#input', 'Second try');
+  await page.press('#input', 'Enter');
+  await page.waitForFunction(() => [...document.querySelectorAll('.assistant')].pop()?.dataset.done === '1' &&
+    !document.querySelectorAll('.assistant')[document.querySelectorAll('.assistant').length - 1].classList.contains('error'),
+    null, { timeout: 30000 });
+  const last = bodies[bodies.length - 1];
+  check(last && last.messages[0].role === 'system' && last.messages[0].content === 'Be brief.' &&
+    !last.messages.some((m) => m.content === 'This one fails') && last.messages[last.messages.length - 1].content === 'Second try',
+    'the system prompt is sent first and the failed turn is not');
+  await page.click('#newchat');
+  check(await page.locator('.msg').count() === 0, 'the new-chat button clears the conversation');
+  await page.fill('#input', 'Fresh start');
+  await page.press('#input', 'Enter');
+  await page.waitForSelector('.assistant[data-done="1"]', { timeout: 30000 });
+  const fresh = bodies[bodies.length - 1];
+  check(fresh.messages.length === 2 && fresh.messages[1].content === 'Fresh start', 'a new chat sends only its own turn');
   check(errors.length === 0, `no JavaScript errors (${errors.join('; ')})`);
 } finally {
   await browser.close();

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # `deltafin serve` with real clients: the official openai npm package, raw HTTP error cases, headless
-# Chromium on the chat page (tests/server/*.test.mjs, against the ASan build), then a bounded load test
-# against the release build, on the bundled model (models/default; a checkout without it fails here rather
-# than testing some other model). Installs tests/server/node_modules with npm when missing.
+# Chromium on the chat page (tests/server/*.test.mjs, against the ASan build), then a bounded load test and
+# slots/queue/churn/slow-client tests against the release build, on the bundled model (models/default; a
+# checkout without it fails here rather than testing some other model). Installs tests/server/node_modules
+# with npm when missing.
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -65,10 +66,17 @@ stop() {
 }
 
 key=test-key-$$
-start build/asan/deltafin "$tmp/asan.log" --api-key "$key" --keepalive 0.3 --max-tokens 4096
+printf '%s\n' "$key" >"$tmp/key"
+start build/asan/deltafin "$tmp/asan.log" --api-key-file "$tmp/key" --keepalive 0.3 --max-tokens 4096 --parallel 2 \
+    --prompt-cache "$tmp/kv-asan"
 asan_url=$url asan_pid=$pid
-start ./deltafin "$tmp/q1.log" --api-key "$key" --queue 1
+DELTAFIN_API_KEY=$key start ./deltafin "$tmp/q1.log" --queue 1 --parallel 1 --strict --no-prompt-cache
 q1_url=$url q1_pid=$pid
+if ps -o args= -p "$asan_pid" "$q1_pid" | grep -q -- "$key"; then
+    echo "not ok - the API key shows in the process list"
+else
+    echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
+fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
 for t in openai errors web; do
     SECONDS=0
@@ -79,7 +87,49 @@ done
 stop "$asan_pid" "$tmp/asan.log" "ASan"
 stop "$q1_pid" "$tmp/q1.log" "queue-1"
 
-start ./deltafin "$tmp/load.log"
+start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load"
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/load.test.mjs ||
     echo "not ok - tests/server/load.test.mjs exited non-zero"
 stop "$pid" "$tmp/load.log" "release"
+
+# slots, queue, churn and the connection guards (release build: timing-sensitive parts stay quick)
+start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read-timeout 2 --max-conns-per-client 8 \
+    --alias gpt-4o-mini --cors http://allowed.example --no-prompt-cache
+slots_url=$url slots_pid=$pid
+start ./deltafin "$tmp/q0.log" --api-key "$key" --parallel 1 --queue 0 --no-prompt-cache
+q0_url=$url q0_pid=$pid
+start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 1700K --no-prompt-cache
+mem_url=$url mem_pid=$pid
+SECONDS=0
+DELTAFIN_URL=$slots_url DELTAFIN_URL0=$q0_url DELTAFIN_URLM=$mem_url DELTAFIN_PID=$slots_pid timeout 300 \
+    node tests/server/slots.test.mjs ||
+    echo "not ok - tests/server/slots.test.mjs exited non-zero"
+echo "# slots.test.mjs took ${SECONDS}s"
+if grep -q '"POST /v1/chat/completions" 200 prompt=[0-9]* cached=[0-9]* restored=[0-9]* completion=[0-9]* ttft_ms=' \
+    "$tmp/slots.log"; then
+    echo "ok - one access-log line per request (method, path, status, tokens, times)"
+else
+    echo "not ok - access-log lines"
+fi
+stop "$slots_pid" "$tmp/slots.log" "slots"
+stop "$q0_pid" "$tmp/q0.log" "queue-0"
+stop "$mem_pid" "$tmp/mem.log" "slot-memory"
+
+# the prompt cache across restarts: saved, restored with the same answer, a damaged entry refused
+kv=$tmp/kv-restart
+phase() {   # PHASE
+    start ./deltafin "$tmp/pc-$1.log" --parallel 1 --prompt-cache "$kv"
+    DELTAFIN_KEY= DELTAFIN_URL=$url RESULT=$tmp/pc-cold.json timeout 120 node tests/server/pcache.test.mjs "$1" ||
+        echo "not ok - tests/server/pcache.test.mjs $1 exited non-zero"
+    stop "$pid" "$tmp/pc-$1.log" "prompt-cache $1"
+    grep -o 'restored=[0-9]* completion=[0-9]* ttft_ms=[0-9]*' "$tmp/pc-$1.log" | sed "s/^/# $1: /"
+}
+phase cold
+if [ "$(cat "$tmp/pc-cold.json" 2>/dev/null)" != skip ]; then
+    phase warm
+    for f in "$kv"/*.kv; do
+        size=$(stat -c %s "$f")
+        printf '\xff\xff\xff\xff' | dd of="$f" bs=1 seek=$((size / 2)) conv=notrunc status=none
+    done
+    phase damaged
+fi

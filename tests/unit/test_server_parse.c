@@ -1,13 +1,21 @@
-/* test_server_parse.c — OpenAI request validation: accepted shapes, and refusals that name the field. */
+/* test_server_parse.c — OpenAI request validation: accepted shapes, refusals that name the field (strict
+ * mode), what lenient mode ignores, and the pre-checks of guard.h. */
 #include <string.h>
 #include "test.h"
+#include "server/guard.h"
 #include "server/request.h"
 
-static const srv_limits lim = {"tiny", 512};
+static const char *const names[] = {"tiny", "gpt-4o-mini"};
+static const srv_limits lim = {names, 2, 512, 1, 1};
+static const srv_limits lenient = {names, 2, 512, 0, 4};
+
+static int parse_with(const srv_limits *l, const char *body, srv_endpoint ep, srv_request *r, srv_err *e) {
+    memset(e, 0, sizeof *e);
+    return srv_request_parse(body, strlen(body), ep, l, r, e);
+}
 
 static int parse(const char *body, srv_endpoint ep, srv_request *r, srv_err *e) {
-    memset(e, 0, sizeof *e);
-    return srv_request_parse(body, strlen(body), ep, &lim, r, e);
+    return parse_with(&lim, body, ep, r, e);
 }
 
 /* Expects a refusal with the given status and param. */
@@ -94,6 +102,46 @@ int main(void) {
     const char bad_utf8[] = "{\"prompt\":\"\xff\xfe\"}";
     refused(bad_utf8, SRV_EP_COMPLETIONS, 400, "", "invalid UTF-8");
     refused("{\"prompt\":\"a\\u0000b\"}", SRV_EP_COMPLETIONS, 400, "", "embedded NUL");
+
+    /* strict mode still treats no-op values as absent and accepts the served names */
+    rc = parse("{\"model\":\"gpt-4o-mini\",\"prompt\":\"x\",\"store\":false,\"metadata\":{\"k\":\"v\"},"
+               "\"logit_bias\":{},\"service_tier\":\"auto\",\"modalities\":[\"text\"],\"best_of\":1}",
+               SRV_EP_COMPLETIONS, &r, &e);
+    CHECK(rc == 0 && !r.ignored && !strcmp(r.model, "gpt-4o-mini"), "strict: no-op values and an alias accepted (%s)",
+          e.msg);
+    srv_request_free(&r);
+
+    /* lenient (the default): unknown fields ignored and listed, any model name, nulls absent */
+    rc = parse_with(&lenient,
+                    "{\"model\":\"gpt-4o\",\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"text\","
+                    "\"text\":\"hi\",\"cache_control\":{}}],\"tool_calls\":null,\"extra\":1}],\"tools\":[],"
+                    "\"stream_options\":{\"include_usage\":true},\"top_logprobs\":2,\"n\":3,\"store\":true}",
+                    SRV_EP_CHAT, &r, &e);
+    CHECK(rc == 0 && r.ignored && !strcmp(r.ignored, "messages[0].extra,messages[0].content[0].cache_control,tools,store") &&
+              !strcmp(r.model, "gpt-4o") && r.n == 3 && !r.include_usage && !r.sp.n_top_logprobs,
+          "lenient: unknown fields ignored and listed (%s), other model names, n = 3 (%s)", r.ignored, e.msg);
+    srv_request_free(&r);
+    rc = parse_with(&lenient, "{\"prompt\":\"x\",\"n\":5}", SRV_EP_COMPLETIONS, &r, &e);
+    CHECK(rc == -1 && !strcmp(e.param, "n"), "lenient: n above the slots is refused");
+    rc = parse_with(&lenient, "{\"prompt\":\"x\",\"temperature\":\"hot\"}", SRV_EP_COMPLETIONS, &r, &e);
+    CHECK(rc == -1 && !strcmp(e.param, "temperature"), "lenient: a known field of the wrong type is still refused");
+
+    /* guard.h */
+    CHECK(guard_key_matches("k3y", "Bearer k3y") && guard_key_matches("k3y", "bearer k3y") &&
+              guard_key_matches("k3y", "BEARER  k3y ") && !guard_key_matches("k3y", "Bearer k3") &&
+              !guard_key_matches("k3y", "Bearerk3y") && !guard_key_matches("k3y", "Basic k3y") &&
+              !guard_key_matches("k3y", NULL) && !guard_key_matches("", "Bearer "),
+          "API key: Bearer scheme in any case, exact key");
+    const char *cors[] = {"http://ok.example"}, *any[] = {"*"};
+    CHECK(guard_origin_allowed(NULL, "h:1", NULL, 0) && guard_origin_allowed("http://h:1", "h:1", NULL, 0) &&
+              guard_origin_allowed("https://H:1", "h:1", NULL, 0) && !guard_origin_allowed("http://evil", "h:1", NULL, 0) &&
+              !guard_origin_allowed("null", "h:1", NULL, 0) && guard_origin_allowed("http://ok.example", "h:1", cors, 1) &&
+              !guard_origin_allowed("http://ok.example.evil", "h:1", cors, 1) && guard_origin_allowed("http://x", NULL, any, 1),
+          "Origin: none, the page's own, or an allowed one");
+    const char *j1 = "{\"a\":[1,2,3],\"b\":\"x,y:z\\\",\"}";
+    CHECK(guard_json_values(j1, strlen(j1), 100) == 6 && guard_json_values("", 0, 100) == 0 &&
+              guard_json_values("[1,2,3,4,5,6,7,8]", 17, 3) <= 5,
+          "JSON value count: commas and colons outside strings (%lld)", guard_json_values(j1, strlen(j1), 100));
 
     text_buf b = {0};
     srv_err_set(&e, 400, "invalid_request_error", "unknown_parameter", "tools", "Unrecognized: %s", "tools");
