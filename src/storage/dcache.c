@@ -172,12 +172,13 @@ int dc_manifest_load(const char *dir, dc_manifest *m, int *found, df_error *err)
         return DF_OK;
     }
     *found = 1;
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    df_error je = {0};
+    json_t *root = df_json_load_file(path, 0, &je);
     int rc = DF_OK;
     json_t *shards = root ? json_object_get(root, "shards") : NULL;
     if (!root || !json_is_array(shards)) {
-        rc = dc_bad(path, root ? "no \"shards\" array" : je.text, err);
+        rc = root ? dc_bad(path, "no \"shards\" array", err) : (df_error_set(err, DF_EFORMAT, "%s (rerun deltafin "
+                                                                              "fetch to rebuild it)", je.msg), DF_EFORMAT);
     } else {
         const char *src = json_string_value(json_object_get(root, "source"));
         m->source = src ? xstrdup(src) : NULL;

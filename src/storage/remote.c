@@ -117,6 +117,30 @@ static void xfer_fault(xfer *x, int kind, const char *fmt, ...) {
     x->fault = kind;
 }
 
+/* Digits only (sscanf's %llu would take "-1" as 2^64-1); 0 past 2^62. */
+static const char *remote_parse_u64(const char *p, uint64_t *v) {
+    *v = 0;
+    if (*p < '0' || *p > '9') return NULL;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        *v = *v * 10 + (uint64_t)(*p - '0');
+        if (*v > (1ull << 62)) return NULL;
+    }
+    return p;
+}
+
+/* " bytes a-b/total" with a <= b < total; 0 for anything else (a "*" total included). */
+static int remote_parse_range(const char *p, uint64_t *a, uint64_t *b, uint64_t *total) {
+    while (*p == ' ' || *p == '\t') p++;
+    if (strncasecmp(p, "bytes", 5) || (p[5] != ' ' && p[5] != '\t')) return 0;
+    p += 5;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!(p = remote_parse_u64(p, a)) || *p++ != '-' || !(p = remote_parse_u64(p, b)) || *p++ != '/' ||
+        !(p = remote_parse_u64(p, total)))
+        return 0;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+    return !*p && *a <= *b && *b < *total;
+}
+
 static size_t xfer_header(char *p, size_t size, size_t n, void *ctx) {
     xfer *x = ctx;
     size_t len = size * n;
@@ -128,9 +152,7 @@ static size_t xfer_header(char *p, size_t size, size_t n, void *ctx) {
         x->has_cr = 0;
         x->retry_after = -1;
     } else if (!strncasecmp(line, "Content-Range:", 14)) {
-        unsigned long long a, b, t;
-        x->has_cr = sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b, &t) == 3 ? 1 : -1;
-        if (x->has_cr == 1) x->cr_a = a, x->cr_b = b, x->cr_total = t;
+        x->has_cr = remote_parse_range(line + 14, &x->cr_a, &x->cr_b, &x->cr_total) ? 1 : -1;
     } else if (!strncasecmp(line, "Retry-After:", 12)) {
         char *end;
         double v = strtod(line + 12, &end);

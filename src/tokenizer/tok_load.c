@@ -38,12 +38,8 @@ int tokenizer_load_tiktoken(tokenizer **out, const char *path, const char *patte
 
 /* added_tokens_decoder: {"163584": {"content": "[BOS]", ...}, ...} */
 static int tok_load_config(tokenizer *t, const char *path, df_error *err) {
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        df_error_set(err, DF_EFORMAT, "%s:%d: %s", path, je.line, je.text);
-        return DF_EFORMAT;
-    }
+    json_t *root = df_json_load_file(path, 0, err);
+    if (!root) return err && err->code ? err->code : DF_EFORMAT;
     int rc = DF_OK;
     json_t *dec = json_object_get(root, "added_tokens_decoder");
     if (dec && !json_is_object(dec)) {
