@@ -13,7 +13,8 @@ Control endpoints (not counted):
                      reset (half the body, then a TCP reset), 500, 503 (Retry-After: arg when given),
                      200 (whole file instead of 206), badrange (Content-Range off by one), short (a
                      Content-Length and body half as long), stall (headers, then silence for arg s, then a reset),
-                     404, slow (answers normally after arg s)
+                     404, slow (answers normally after arg s), crange (a 206 whose Content-Range
+                     header is arg verbatim: a wrong total, a negative or non-numeric value)
 --redirect answers every file with a 302 to /cdn/{file}?sig=1 (as the hub does to its CDN).
 Only standard-library modules: the test machines have no pip packages."""
 import argparse
@@ -161,7 +162,10 @@ class Handler(BaseHTTPRequestHandler):
         self.send_header("Accept-Ranges", "bytes")
         if partial:
             shift = 1 if mode == "badrange" else 0
-            self.send_header("Content-Range", "bytes %d-%d/%d" % (start + shift, end + shift, size))
+            if mode == "crange":
+                self.send_header("Content-Range", arg)
+            else:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start + shift, end + shift, size))
         body_n = n // 2 if mode == "short" else n
         self.send_header("Content-Length", str(body_n))
         self.end_headers()

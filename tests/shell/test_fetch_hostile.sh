@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# test_fetch_hostile.sh — a remote that serves bad values: fetch (--spine, --dry-run) and bench fetch refuse
+# them with a clear error naming the file, never a crash. An index whose weight_map holds a non-string value
+# (this once crashed with SIGSEGV), a shard header with overlapping tensors or non-integer offsets, and
+# Content-Range answers with a wrong, zero, negative or non-numeric total.
+set -u
+cd "$(dirname "$0")/../.."
+BIN=${DELTAFIN_BIN:-build/asan/deltafin}
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1}
+T=$(mktemp -d -p /dev/shm 2>/dev/null || mktemp -d)
+PIDS=()
+cleanup() { for p in "${PIDS[@]}"; do kill "$p" 2>/dev/null; wait "$p" 2>/dev/null; done; rm -rf "$T"; }
+trap cleanup EXIT
+ok() { if [ "$1" -eq 0 ]; then echo "ok - $2"; else echo "not ok - $2"; fi; }
+F=tests/fixtures/kl-mxfp4
+
+# repositories with one bad value each, beside a good one
+mk_repo() { mkdir -p "$T/root/$1"; cp "$F/config.json" "$F/model.safetensors" "$T/root/$1/"; }
+mk_repo good
+mk_repo idx-int && echo '{"weight_map":{"model.embed_tokens.weight":1}}' >"$T/root/idx-int/model.safetensors.index.json"
+mk_repo idx-obj && echo '{"weight_map":{"a":"model.safetensors","b":{"x":1}}}' >"$T/root/idx-obj/model.safetensors.index.json"
+mk_repo idx-up && echo '{"weight_map":{"a":"../good/model.safetensors"}}' >"$T/root/idx-up/model.safetensors.index.json"
+mk_repo hdr-overlap; mk_repo hdr-real; mk_repo hdr-past
+python3 - "$T/root" <<'PY'
+import json, struct, sys
+root = sys.argv[1]
+def shard(name, header, data_len):
+    h = json.dumps(header).encode()
+    with open(f"{root}/{name}/model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(h)) + h + bytes(data_len))
+shard("hdr-overlap", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]},
+                      "b": {"dtype": "F32", "shape": [4], "data_offsets": [8, 24]}}, 24)
+shard("hdr-real", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0.0, 16]}}, 16)
+shard("hdr-past", {"a": {"dtype": "F32", "shape": [4], "data_offsets": [0, 16]}}, 8)
+PY
+python3 tests/remote/server.py --root "$T/root" --port-file "$T/port" >"$T/server.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 400); do [ -s "$T/port" ] && break; sleep 0.05; done
+H="http://127.0.0.1:$(cat "$T/port")"
+U=$H/org/m/resolve/main
+
+refused() {   # name, expected message, command...: non-zero exit without a signal, the message, no sanitizer report
+    local name=$1 want=$2; shift 2
+    timeout 60 "$@" >"$T/out" 2>&1
+    local rc=$?
+    [ $rc -ne 0 ] && [ $rc -lt 124 ] && grep -q -- "$want" "$T/out" && ! grep -q "Sanitizer\|runtime error" "$T/out"
+    ok $? "$name (exit $rc: $(grep -m1 -o "deltafin[^:]*: .\{0,120\}" "$T/out"))"
+}
+for r in idx-int idx-obj idx-up; do
+    refused "$r: fetch --spine refuses the index" "weight_map\['[a-z._]*'\] must be a shard file name" \
+        "$BIN" fetch --from "$U/$r" -m "$T/m-$r" --spine
+    [ ! -e "$T/m-$r/model.safetensors.index.json" ]
+    ok $? "$r: the bad index is not kept on disk"
+    refused "$r: fetch --dry-run refuses the index" "must be a shard file name" \
+        "$BIN" fetch --from "$U/$r" -m "$T/d-$r" --dry-run
+    refused "$r: bench fetch refuses the index" "must be a shard file name" \
+        "$BIN" bench fetch --from "$U/$r" --experts 1
+done
+refused "a fetched header with overlapping tensors is refused" "overlaps" \
+    "$BIN" fetch --from "$U/hdr-overlap" -m "$T/m-ov" --spine
+refused "a fetched header with non-integer offsets is refused" "data_offsets must be two non-negative integers" \
+    "$BIN" fetch --from "$U/hdr-real" -m "$T/m-real" --dry-run
+refused "a fetched header with offsets past the remote file is refused" "outside the data region" \
+    "$BIN" bench fetch --from "$U/hdr-past"
+
+ctl() { curl -s "$H/$1" >/dev/null; }
+for cr in "bytes 0-0/0" "bytes 0-0/-5" "bytes 0-0/abc" "bytes -1-0/100" "bytes 0-0/*" \
+          "bytes 0-0/99999999999999999999999"; do
+    ctl _reset
+    ctl "_fault?mode=crange&count=1&match=good/model.safetensors&arg=$(python3 -c 'import sys,urllib.parse; print(urllib.parse.quote(sys.argv[1]))' "$cr")"
+    refused "Content-Range '$cr' for the shard size is refused" "Content-Range" \
+        "$BIN" fetch --from "$U/good" -m "$T/m-cr" --dry-run
+done
+ctl _reset
+"$BIN" fetch --from "$U/good" -m "$T/m-good" --spine >"$T/out" 2>&1
+ok $? "the same server's good repository still fetches"
