@@ -376,17 +376,15 @@ static unsigned char *fetch_log_load(const fetch_job *j, const fetch_shard *s) {
     return done;
 }
 
-static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, dc_span e, df_error *err) {
-    char *p = dcache_entry_path(j->cache, s->name, e);
-    size_t n;
-    char *data = df_read_file(p, &n, err);
-    int rc = data ? DF_OK : DF_EIO;
-    uint64_t pad = e.off % 4096;
-    if (data && n != pad + e.len) rc = (df_error_set(err, DF_EIO, "%s: cache entry has the wrong size", p), DF_EIO);
-    fetch_sink sk = {fd, e.off, s->path, &j->prog};
-    if (!rc) rc = fetch_sink_write(&sk, 0, (const uint8_t *)data + pad, e.len, err);
+/* A cached span into the shard, only once its checksum holds: DF_EFORMAT when the entry is corrupt. */
+static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, const fetch_hole *h, df_error *err) {
+    uint8_t *data = xmalloc(h->span.len);
+    char *what = fetch_what(h);
+    int rc = dcache_load(j->cache, s->name, h->span, data, what, err);
+    fetch_sink sk = {fd, h->span.off, s->path, &j->prog};
+    if (!rc) rc = fetch_sink_write(&sk, 0, data, h->span.len, err);
+    free(what);
     free(data);
-    free(p);
     return rc;
 }
 
@@ -408,10 +406,16 @@ static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
             fetch_hole *h = &s->holes[h0];
             if (done[h0]) continue;
             if (dcache_has(j->cache, s->name, h->span)) {
-                rc = fetch_copy_cached(j, s, fd, h->span, err);
-                idx[n] = h0;
-                q[n++] = (remote_req){.len = 0};
-                continue;
+                df_error cerr = {0};
+                int crc = fetch_copy_cached(j, s, fd, h, &cerr);
+                if (crc != DF_EFORMAT) {
+                    if (crc) *err = cerr, rc = crc;
+                    idx[n] = h0;
+                    q[n++] = (remote_req){.len = 0};
+                    continue;
+                }
+                fprintf(stderr, "deltafin fetch: warning: %s; fetching it again\n", cerr.msg);
+                dcache_remove(j->cache, s->name, h->span);
             }
             sk[n] = (fetch_sink){fd, h->span.off, s->path, &j->prog};
             q[n] = (remote_req){.file = s->name, .off = h->span.off, .len = h->span.len, .what = fetch_what(h),

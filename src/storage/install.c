@@ -20,6 +20,7 @@ typedef struct io_install {
     char **names;            /* per file: name relative to the model folder */
     dcache *cache;
     remote *net;             /* NULL: no --remote URL */
+    atomic_int cache_warned; /* a failed cache write was reported once */
 } io_install;
 
 static int install_fetch(io_install *I, int file, dc_span h, uint8_t *buf, const char *what, df_error *err) {
@@ -30,9 +31,12 @@ static int install_fetch(io_install *I, int file, dc_span h, uint8_t *buf, const
                             I->man.source ? I->man.source : "an unknown source"), DF_EIO;
     remote_req q = {.file = I->names[file], .off = h.off, .len = h.len, .what = what, .dst = buf};
     int rc = remote_fetch(I->net, &q, 1, err);
-    if (!rc) atomic_fetch_add(&I->base.net_bytes, h.len);
-    if (!rc) rc = dcache_put(I->cache, I->names[file], h, buf, what, err);
-    return rc;
+    if (rc) return rc;
+    atomic_fetch_add(&I->base.net_bytes, h.len);
+    df_error perr = {0};   /* the bytes are here: a cache that cannot take them (disk full) must not fail the read */
+    if (dcache_put(I->cache, I->names[file], h, buf, what, &perr) && !atomic_exchange(&I->cache_warned, 1))
+        fprintf(stderr, "deltafin: warning: %s; serving without caching (reported once)\n", perr.msg);
+    return DF_OK;
 }
 
 static int install_read(io_source *s, int file, uint64_t off, uint64_t len, uint8_t *dst, const char *what,
@@ -53,7 +57,16 @@ static int install_read(io_source *s, int file, uint64_t off, uint64_t len, uint
     atomic_fetch_add(&s->reads, 1);
     if (dcache_has(I->cache, I->names[file], hole)) {
         atomic_fetch_add(&s->bytes, io_span_bytes(off, len));
-        return dcache_read(I->cache, I->names[file], hole, off, len, dst, what, err);
+        int rc = dcache_read(I->cache, I->names[file], hole, off, len, dst, what, err);
+        if (rc != DF_EFORMAT) return rc;
+        if (!I->net) {   /* corrupt: never served */
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            return df_error_set(err, DF_EFORMAT, "%s; pass --remote URL to fetch it again, or rerun deltafin fetch "
+                                "--layers/--all", inner), DF_EFORMAT;
+        }
+        fprintf(stderr, "deltafin: warning: %s; fetching it again\n", err->msg);
+        dcache_remove(I->cache, I->names[file], hole);
     }
     uint8_t *head = dst + off % IO_ALIGN;
     if (off == hole.off && len == hole.len) return install_fetch(I, file, hole, head, what, err);
@@ -128,7 +141,7 @@ int io_install_wrap(io_source **src, const char *dir, int n_files, const char *r
         const dc_shard *s = dc_manifest_find(&I->man, names[i]);
         I->shard[i] = s && s->state == DC_SPINE ? s : NULL;
     }
-    rc = dcache_open(&I->cache, dir, 0, err);
+    rc = dcache_open(&I->cache, dir, dcache_default_reserve(), err);
     if (!rc && remote_url) {
         char *base = remote_resolve_base(remote_url, err);
         rc = base ? remote_open(&I->net, base, NULL, err) : DF_EINVAL;

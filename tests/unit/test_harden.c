@@ -9,9 +9,11 @@
 #include <unistd.h>
 
 #include "test.h"
+#include "common/hash.h"
 #include "common/prompt.h"
 #include "common/util.h"
 #include "model/config.h"
+#include "storage/dcache.h"
 #include "storage/fetch_plan.h"
 #include "storage/safetensors.h"
 
@@ -186,6 +188,77 @@ static void test_index(void) {
     free(names);
 }
 
+static void test_hashes(void) {
+    /* published vectors: XXH64 (seed 0) and SHA-256 (FIPS 180-2 examples) */
+    CHECK(df_hash64("", 0, 0) == 0xef46db3751d8e999ull && df_hash64("abc", 3, 0) == 0x44bc2cf5ad770999ull &&
+          df_hash64("Nobody inspects the spammish repetition", 39, 0) == 0xfbcea83c8a378bf1ull,
+          "XXH64 matches its published vectors (short and 4-lane paths)");
+    static const struct { const char *in, *hex; } v[] = {
+        {"abc", "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad"},
+        {"", "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855"},
+        {"abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq",
+         "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1"},
+    };
+    for (size_t i = 0; i < sizeof v / sizeof v[0]; i++) {
+        df_sha256 s;
+        char hex[65];
+        df_sha256_init(&s);
+        for (const char *c = v[i].in; *c; c++) df_sha256_update(&s, c, 1);   /* byte by byte: the buffering path */
+        df_sha256_hex(&s, hex);
+        CHECK(!strcmp(hex, v[i].hex), "SHA-256 of \"%.20s\" matches FIPS 180-2", v[i].in);
+    }
+    df_sha256 s;
+    char hex[65];
+    df_sha256_init(&s);
+    static char a[1000];
+    memset(a, 'a', sizeof a);
+    for (int i = 0; i < 1000; i++) df_sha256_update(&s, a, sizeof a);
+    df_sha256_hex(&s, hex);
+    CHECK(!strcmp(hex, "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0"),
+          "SHA-256 of a million 'a' matches FIPS 180-2");
+}
+
+/* An entry with a flipped byte is never served: read and load fail with DF_EFORMAT naming it corrupt. */
+static void test_dcache(void) {
+    dcache *c;
+    df_error err = {0};
+    CHECK(!dcache_open(&c, tmpdir, 0, &err), "cache opens");
+    dc_span e = {5000, 3000};
+    uint8_t data[3000], back[3000 + 2 * 4096] = {0};
+    for (int i = 0; i < 3000; i++) data[i] = (uint8_t)(i * 7 + 1);
+    CHECK(!dcache_put(c, "s.safetensors", e, data, "expert 1", &err) && dcache_has(c, "s.safetensors", e),
+          "an entry is written with its checksum (%s)", err.msg);
+    CHECK(!dcache_read(c, "s.safetensors", e, e.off, e.len, back, "expert 1", &err) &&
+          !memcmp(back + e.off % 4096, data, sizeof data), "a whole-entry read verifies and returns the bytes");
+    memset(back, 0, sizeof back);
+    CHECK(!dcache_read(c, "s.safetensors", e, e.off + 100, 50, back, "expert 1", &err) &&
+          !memcmp(back + (e.off + 100) % 4096, data + 100, 50), "a partial read verifies and returns its bytes");
+    char *p = dcache_entry_path(c, "s.safetensors", e);
+    FILE *f = fopen(p, "r+b");
+    fseek(f, (long)(e.off % 4096 + 1234), SEEK_SET);
+    fputc(data[1234] ^ 0x10, f);
+    fclose(f);
+    memset(&err, 0, sizeof err);
+    int rc = dcache_read(c, "s.safetensors", e, e.off, e.len, back, "expert 1", &err);
+    CHECK(rc == DF_EFORMAT && strstr(err.msg, "corrupt") && strstr(err.msg, "expert 1"),
+          "one flipped bit: the whole-entry read refuses it: %s", err.msg);
+    rc = dcache_read(c, "s.safetensors", e, e.off, 10, back, "expert 1", &err);
+    CHECK(rc == DF_EFORMAT, "a partial read of the corrupt entry refuses it too");
+    rc = dcache_load(c, "s.safetensors", e, back, "expert 1", &err);
+    CHECK(rc == DF_EFORMAT, "a load of the corrupt entry refuses it");
+    dcache_remove(c, "s.safetensors", e);
+    CHECK(!dcache_has(c, "s.safetensors", e), "dcache_remove deletes the entry");
+    free(p);
+    dcache_drop_shard(c, "s.safetensors");
+    dcache_free(c);
+    char *root = df_path_join(tmpdir, ".deltafin/cache");
+    rmdir(root);
+    free(root);
+    root = df_path_join(tmpdir, ".deltafin");
+    rmdir(root);
+    free(root);
+}
+
 int main(void) {
     snprintf(tmpdir, sizeof tmpdir, "/tmp/df_harden_XXXXXX");
     if (!mkdtemp(tmpdir)) return 1;
@@ -194,6 +267,8 @@ int main(void) {
     test_files();
     test_headers();
     test_index();
+    test_hashes();
+    test_dcache();
     rmdir(tmpdir);
     TEST_EXIT();
 }
