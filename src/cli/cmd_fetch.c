@@ -21,6 +21,7 @@
 
 #include "cli.h"
 #include "fetch.h"
+#include "common/hash.h"
 #include "common/util.h"
 #include "storage/dcache.h"
 #include "storage/fetch_plan.h"
@@ -49,6 +50,7 @@ typedef struct fetch_shard {
     int local;               /* a complete local file the manifest does not track */
     dc_shard *m;             /* its manifest entry (NULL when local) */
     uint64_t size, header_len;
+    char sha256[65];         /* as the remote published it, or "" */
     dc_span *runs;           /* non-expert byte runs (header included) */
     int n_runs;
     fetch_hole *holes;       /* parallel to m->holes */
@@ -135,6 +137,7 @@ static int fetch_read_header(remote *r, fetch_shard *s, df_error *err) {
     if (rc) return rc;
     s->size = L.size;
     s->header_len = L.header_len;
+    memcpy(s->sha256, L.sha256, sizeof s->sha256);
     s->runs = L.runs;
     s->n_runs = L.n_runs;
     s->holes = L.holes;
@@ -249,17 +252,20 @@ static int fetch_plan(fetch_job *j, df_error *err) {
         if (!s->m) {
             j->man.shards = xrealloc(j->man.shards, sizeof *j->man.shards * (size_t)(j->man.n + 1));
             dc_shard *m = &j->man.shards[j->man.n++];
-            *m = (dc_shard){xstrdup(s->name), s->size, DC_PENDING, s->n_holes, xcalloc((size_t)s->n_holes + 1,
-                                                                                         sizeof(dc_span))};
+            *m = (dc_shard){.name = xstrdup(s->name), .size = s->size, .state = DC_PENDING, .n_holes = s->n_holes,
+                            .holes = xcalloc((size_t)s->n_holes + 1, sizeof(dc_span))};
             for (int h = 0; h < s->n_holes; h++) m->holes[h] = s->holes[h].span;
+            m->sha256 = s->sha256[0] ? xstrdup(s->sha256) : NULL;
             for (int k = 0; k < j->n_sh; k++)   /* the array moved */
                 j->sh[k].m = j->sh[k].local ? NULL : dc_manifest_find(&j->man, j->sh[k].name);
-        } else if (s->m->size != s->size || s->m->n_holes != s->n_holes || !fetch_same_holes(s)) {
+        } else if (s->m->size != s->size || s->m->n_holes != s->n_holes || !fetch_same_holes(s) ||
+                   (s->m->sha256 && s->sha256[0] && strcmp(s->m->sha256, s->sha256))) {
             return df_error_set(err, DF_EFORMAT, "%s: the remote shard (%llu bytes, %d expert spans) differs from "
                                 "the one this folder was installed from (%llu bytes, %d spans): a different "
                                 "revision? Use a new folder", s->name, (unsigned long long)s->size, s->n_holes,
                                 (unsigned long long)s->m->size, s->m->n_holes), DF_EFORMAT;
         }
+        if (!s->m->sha256 && s->sha256[0]) s->m->sha256 = xstrdup(s->sha256);
         /* sums of sizes a remote reported saturate instead of wrapping (the disk check then refuses) */
         uint64_t spine = 0;
         for (int r = 0; r < s->n_runs; r++) spine += s->runs[r].len;   /* <= size: parsed disjoint */
@@ -279,17 +285,30 @@ static int fetch_plan(fetch_job *j, df_error *err) {
 /* ---------------------------------------------------------------------------------------------------- */
 /* Work */
 
+/* Opens the shard for writing at its full size. A file of another size is never resized in place: a
+ * server may map it, and pages past a shrunk end would kill it with SIGBUS. A new file of the right size
+ * is renamed over it instead; whoever maps the old one keeps its (unchanged) inode. */
 static int fetch_open_shard(fetch_shard *s, int *fd, df_error *err) {
-    *fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (*fd < 0) return df_error_set(err, DF_EIO, "%s: %s", s->path, strerror(errno)), DF_EIO;
+    *fd = open(s->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     struct stat sb;
-    if (fstat(*fd, &sb) == 0 && (uint64_t)sb.st_size != s->size && ftruncate(*fd, (off_t)s->size)) {
-        df_error_set(err, DF_EIO, "%s: cannot size the file to %llu bytes: %s", s->path,
-                     (unsigned long long)s->size, strerror(errno));
+    if (*fd >= 0 && (fstat(*fd, &sb) || !S_ISREG(sb.st_mode))) {
         close(*fd);
-        return DF_EIO;
+        return df_error_set(err, DF_EIO, "%s: not a regular file", s->path), DF_EIO;
     }
-    return DF_OK;
+    if (*fd >= 0 && (uint64_t)sb.st_size == s->size) return DF_OK;
+    if (*fd >= 0) close(*fd);
+    size_t n = strlen(s->path) + 16;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.new", s->path);
+    *fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int e = *fd < 0 ? errno : ftruncate(*fd, (off_t)s->size) ? errno : rename(tmp, s->path) ? errno : 0;
+    if (e) {
+        df_error_set(err, DF_EIO, "%s: cannot create it at %llu bytes: %s", s->path, (unsigned long long)s->size,
+                     strerror(e));
+        if (*fd >= 0) close(*fd), unlink(tmp);
+    }
+    free(tmp);
+    return e ? DF_EIO : DF_OK;
 }
 
 static int fetch_sync(int fd, const char *path, df_error *err) {
@@ -388,6 +407,41 @@ static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, const fetch_h
     return rc;
 }
 
+/* The filled shard against the SHA-256 the hub published. On a mismatch nothing of it can be trusted: it
+ * goes back to pending (the next run fetches it whole again) and the fetch fails. */
+static int fetch_verify_shard(fetch_job *j, fetch_shard *s, const char *logp, df_error *err) {
+    int fd = df_open_regular(s->path, O_RDONLY, err);
+    if (fd < 0) return DF_EIO;
+    df_sha256 h;
+    df_sha256_init(&h);
+    size_t cap = 4u << 20;
+    uint8_t *buf = xmalloc(cap);
+    ssize_t n;
+    while ((n = read(fd, buf, cap)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0) df_sha256_update(&h, buf, (size_t)n);
+    int e = n < 0 ? errno : 0;
+    close(fd);
+    free(buf);
+    if (e) return df_error_set(err, DF_EIO, "%s: reading it back to verify: %s", s->path, strerror(e)), DF_EIO;
+    char hex[65];
+    df_sha256_hex(&h, hex);
+    if (!strcmp(hex, s->m->sha256)) {
+        s->m->verified = 1;
+        return DF_OK;
+    }
+    char want[65];
+    snprintf(want, sizeof want, "%s", s->m->sha256);
+    s->m->state = DC_PENDING;
+    free(s->m->sha256);   /* the next run takes the remote's hash afresh */
+    s->m->sha256 = NULL;
+    unlink(logp);
+    dcache_drop_shard(j->cache, s->name);
+    int rc = dc_manifest_save(j->o.dir, &j->man, err);
+    if (rc) return rc;
+    return df_error_set(err, DF_EFORMAT, "%s: SHA-256 after fetch --all is %s, the remote publishes %s: the shard "
+                        "is corrupt and was reset; run fetch again", s->path, hex, want), DF_EFORMAT;
+}
+
 /* --all: every hole of a spine-only shard written in place, then the shard marked complete. */
 static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
     int fd, rc = fetch_open_shard(s, &fd, err);
@@ -442,6 +496,7 @@ static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
     free(done);
     if (log) fclose(log);
     close(fd);
+    if (!rc && s->m->sha256) rc = fetch_verify_shard(j, s, logp, err);
     if (!rc) {
         s->m->state = DC_COMPLETE;
         rc = dc_manifest_save(j->o.dir, &j->man, err);

@@ -119,6 +119,7 @@ void dc_manifest_free(dc_manifest *m) {
     for (int i = 0; i < m->n; i++) {
         free(m->shards[i].name);
         free(m->shards[i].holes);
+        free(m->shards[i].sha256);
     }
     free(m->shards);
     free(m->source);
@@ -160,6 +161,10 @@ static int dc_parse_shard(json_t *js, dc_shard *s, const char *path, df_error *e
         return dc_bad(path, "shard entry lacks name, state, size or holes", err);
     s->name = xstrdup(name);
     s->size = (uint64_t)json_integer_value(size);
+    const char *sha = json_string_value(json_object_get(js, "sha256"));
+    if (sha && strlen(sha) != 64) return dc_bad(path, "sha256 is not 64 hex digits", err);
+    s->sha256 = sha ? xstrdup(sha) : NULL;
+    s->verified = json_is_true(json_object_get(js, "verified"));
     s->state = -1;
     for (int k = 0; k < 3; k++)
         if (!strcmp(state, dc_state_names[k])) s->state = k;
@@ -220,6 +225,8 @@ int dc_manifest_save(const char *dir, const dc_manifest *m, df_error *err) {
         json_object_set_new(js, "name", json_string(s->name));
         json_object_set_new(js, "size", json_integer((json_int_t)s->size));
         json_object_set_new(js, "state", json_string(dc_state_names[s->state]));
+        if (s->sha256) json_object_set_new(js, "sha256", json_string(s->sha256));
+        if (s->verified) json_object_set_new(js, "verified", json_true());
         for (int h = 0; h < s->n_holes && s->state != DC_COMPLETE; h++)
             json_array_append_new(holes, json_pack("[II]", (json_int_t)s->holes[h].off, (json_int_t)s->holes[h].len));
         json_object_set_new(js, "holes", holes);

@@ -39,6 +39,8 @@ typedef struct dc_shard {
     int state;
     int n_holes;
     dc_span *holes;          /* sorted by offset, disjoint */
+    char *sha256;            /* the whole file's SHA-256 as the remote published it, or NULL */
+    int verified;            /* complete and its SHA-256 checked against sha256 */
 } dc_shard;
 
 typedef struct dc_manifest {

@@ -107,7 +107,8 @@ int fplan_layout_parse(fplan_layout *L, const char *name, const char *header, ui
 int fplan_layout_fetch(fplan_layout *L, remote *r, const char *name, df_error *err) {
     memset(L, 0, sizeof *L);
     uint64_t size;
-    int rc = remote_file_size(r, name, &size, err);
+    char sha[65];
+    int rc = remote_file_info(r, name, &size, sha, err);
     uint8_t len8[8];
     remote_req q = {.file = name, .off = 0, .len = 8, .what = "shard header length", .dst = len8};
     if (!rc && size < 8)
@@ -124,6 +125,7 @@ int fplan_layout_fetch(fplan_layout *L, remote *r, const char *name, df_error *e
     q = (remote_req){.file = name, .off = 8, .len = hl, .what = "shard header", .dst = (uint8_t *)h};
     rc = remote_fetch(r, &q, 1, err);
     if (!rc) rc = fplan_layout_parse(L, name, h, hl, size, err);
+    if (!rc) memcpy(L->sha256, sha, sizeof sha);
     free(h);
     return rc;
 }

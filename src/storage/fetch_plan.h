@@ -21,6 +21,7 @@ typedef struct fplan_hole {
 
 typedef struct fplan_layout {
     uint64_t size, header_len;
+    char sha256[65];         /* the file's SHA-256 when the remote publishes it (LFS), else "" */
     dc_span *runs;           /* non-expert byte runs (header included), by offset */
     int n_runs;
     fplan_hole *holes;       /* routed-expert spans, by offset; adjacent tensors of one expert merged */

@@ -81,3 +81,53 @@ sleep 0.3
 "$BIN" fetch --from "$U" -m "$T/r" --layers 1 >/dev/null 2>&1
 [ -e "$D/.tmp-999999-held" ] && [ ! -e "$D/.tmp-$$-abandoned" ]
 ok $? "cleanup keeps a temp file another process holds (its pid means nothing here) and removes an abandoned one"
+
+# fetch --all checks whole shards against the SHA-256 the hub publishes (ETag / X-Linked-Etag of LFS files)
+sha=$(sha256sum "tests/fixtures/$F/model.safetensors" | cut -c1-64)
+"$BIN" fetch --from "$U" -m "$T/v" --all >/dev/null 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "\"sha256\":\"$sha\",\"verified\":true" "$T/v/.deltafin/install.json"
+ok $? "fetch --all verifies the shard against the ETag SHA-256 and records it verified"
+python3 tests/remote/server.py --root tests/fixtures --port-file "$T/rport" --redirect >"$T/rserver.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 400); do [ -s "$T/rport" ] && break; sleep 0.05; done
+RU="http://127.0.0.1:$(cat "$T/rport")/org/m/resolve/main/$F"
+"$BIN" fetch --from "$RU" -m "$T/v2" --all >/dev/null 2>&1
+rc=$?
+[ $rc -eq 0 ] && grep -q "\"sha256\":\"$sha\",\"verified\":true" "$T/v2/.deltafin/install.json"
+ok $? "through a hub-style redirect the hash comes from X-Linked-Etag, and the shard verifies"
+H=${U%/org/*}
+curl -s "$H/_fault?mode=etag&count=1&match=$F/model.safetensors&arg=$(printf '0%.0s' $(seq 64))" >/dev/null
+"$BIN" fetch --from "$U" -m "$T/v3" --all >"$T/v3.out" 2>&1
+rc=$?
+[ $rc -ne 0 ] && grep -q "SHA-256 after fetch --all is $sha, the remote publishes 0000" "$T/v3.out" \
+    && grep -q '"state":"pending"' "$T/v3/.deltafin/install.json"
+ok $? "a shard that does not match the published SHA-256 is not marked complete: reset to pending, clear error"
+"$BIN" fetch --from "$U" -m "$T/v3" --all >/dev/null 2>&1 && cmp -s "$T/v3/model.safetensors" "tests/fixtures/$F/model.safetensors" \
+    && grep -q '"verified":true' "$T/v3/.deltafin/install.json"
+ok $? "the rerun fetches it again and verifies"
+
+# a server maps a shard; fetch replaces that shard with one of another size: the mapping stays readable
+"$BIN" fetch --from "$U" -m "$T/sb" --spine >/dev/null 2>&1
+python3 - "$T/sb" <<'PY'
+import json, sys
+p = sys.argv[1] + "/.deltafin/install.json"
+m = json.load(open(p))
+m["shards"][0]["state"] = "pending"          # an interrupted install whose file is the wrong size
+json.dump(m, open(p, "w"))
+with open(sys.argv[1] + "/model.safetensors", "ab") as f:
+    f.write(bytes(1 << 20))
+PY
+python3 - "$T/sb/model.safetensors" "$BIN" "$U" "$T/sb" <<'PY' >"$T/sb.out" 2>&1
+import mmap, subprocess, sys
+f = open(sys.argv[1], "rb")
+m = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+n = len(m)
+rc = subprocess.call([sys.argv[2], "fetch", "--from", sys.argv[3], "-m", sys.argv[4], "--spine"],
+                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+tail = m[n - 4096:n]                          # SIGBUS here if the file was shrunk in place
+print("read", len(tail), "rc", rc)
+PY
+rc=$?
+[ $rc -eq 0 ] && grep -q "read 4096 rc 0" "$T/sb.out" && [ "$(stat -c %s "$T/sb/model.safetensors")" -eq "$(stat -c %s "tests/fixtures/$F/model.safetensors")" ]
+ok $? "fetch resizing a shard a process maps: a new file is renamed over it, the mapping never faults (SIGBUS)"
