@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "tokenizer/tok_internal.h"
@@ -71,11 +72,7 @@ int tokenizer_load_dir(tokenizer **out, const char *dir, df_error *err) {
     tokenizer *t = NULL;
     int rc = tok_load_ranks(&t, rpath, err);
     if (rc == DF_OK) rc = tok_pretok_compile(t, TOK_PATTERN_KIMI, err);
-    FILE *f = rc == DF_OK ? fopen(cpath, "rb") : NULL;
-    if (f) {
-        fclose(f);
-        rc = tok_load_config(t, cpath, err);
-    }
+    if (rc == DF_OK && access(cpath, F_OK) == 0) rc = tok_load_config(t, cpath, err);
     /* The 256 ids after the base vocabulary are special; unnamed ones keep a placeholder name. */
     for (int32_t id = t ? t->n_base : 0; rc == DF_OK && t && id < t->n_base + 256; id++) {
         size_t l;

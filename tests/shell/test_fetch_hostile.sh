@@ -2,7 +2,8 @@
 # test_fetch_hostile.sh — a remote that serves bad values: fetch (--spine, --dry-run) and bench fetch refuse
 # them with a clear error naming the file, never a crash. An index whose weight_map holds a non-string value
 # (this once crashed with SIGSEGV), a shard header with overlapping tensors or non-integer offsets, and
-# Content-Range answers with a wrong, zero, negative or non-numeric total.
+# Content-Range answers with a wrong, zero, negative or non-numeric total. Then local files: prompt files
+# that once double-freed, FIFOs and /dev/zero in place of model files, config integers past int range.
 set -u
 cd "$(dirname "$0")/../.."
 BIN=${DELTAFIN_BIN:-build/asan/deltafin}
@@ -74,3 +75,32 @@ done
 ctl _reset
 "$BIN" fetch --from "$U/good" -m "$T/m-good" --spine >"$T/out" 2>&1
 ok $? "the same server's good repository still fetches"
+
+# local files: the prompt files that once aborted with "double free", a FIFO or /dev/zero in place of model
+# files (once a hang or unbounded memory), config integers past int range
+P=$T/prompts
+mkdir -p "$P"
+mkdir -p "$T/q" && cp "$F/config.json" "$F/model.safetensors" "$T/q/" && "$BIN" quantize -m "$T/q" --spine int8 >/dev/null 2>&1
+i=0
+for p in '{"prefill":[],"decode":[]}' '{"prefill":[1],"decode":"x"}' '{"prefill":[1],"decode":[-1]}'; do
+    i=$((i + 1))
+    echo "$p" >"$P/$i.json"
+    refused "logits refuses prompt $p" "prompt\|prefill\|decode" \
+        "$BIN" logits -m "$F" --prompt "$P/$i.json" -o "$T/x.f32"
+    refused "quantize --compare refuses prompt $p" "prompt\|prefill\|decode" \
+        "$BIN" quantize -m "$T/q" --compare --prompt "$P/$i.json"
+done
+mk_local() { rm -rf "$T/l-$1"; mkdir -p "$T/l-$1"; cp "$F/config.json" "$F/model.safetensors" "$T/l-$1/"; }
+mk_local fifo-shard && rm "$T/l-fifo-shard/model.safetensors" && mkfifo "$T/l-fifo-shard/model.safetensors"
+refused "a FIFO in place of the shard is refused at once" "not a regular file" "$BIN" info -m "$T/l-fifo-shard"
+mk_local fifo-config && rm "$T/l-fifo-config/config.json" && mkfifo "$T/l-fifo-config/config.json"
+refused "a FIFO in place of config.json is refused at once" "not a regular file" "$BIN" info -m "$T/l-fifo-config"
+mk_local zero-config && ln -sf /dev/zero "$T/l-zero-config/config.json"
+refused "config.json pointing at /dev/zero is refused" "not a regular file" "$BIN" info -m "$T/l-zero-config"
+for kv in "num_hidden_layers -1" "num_hidden_layers 2147483648" "hidden_size 4294967297"; do
+    set -- $kv
+    mk_local cfg
+    python3 -c "import json,sys; c=json.load(open(sys.argv[1])); c[sys.argv[2]]=int(sys.argv[3]); json.dump(c,open(sys.argv[1],'w'))" \
+        "$T/l-cfg/config.json" "$1" "$2"
+    refused "config $1 = $2 is refused" "$1" "$BIN" info -m "$T/l-cfg"
+done

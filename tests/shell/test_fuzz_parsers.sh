@@ -1,12 +1,12 @@
 #!/usr/bin/env bash
 # test_fuzz_parsers.sh — libFuzzer (clang -fsanitize=fuzzer, ASan+UBSan) on the parsers that take outside
 # input besides the server's requests: safetensors headers (as fetch gets them from a remote), config.json,
-# the index's weight_map, and the chat renderer with its output splitter. Each runs FUZZ_SECONDS (default 8)
+# the index's weight_map, and the chat renderer with its output splitter. Each runs FUZZ_SECONDS (default 6)
 # from its committed seed corpus (tests/fuzz/corpus-NAME: the fixtures' real files and the reproductions of
 # past crashes); a binary is rebuilt only when a source is newer. New inputs found stay in build/fuzz.
 set -u
 cd "$(dirname "$0")/../.."
-secs=${FUZZ_SECONDS:-8}
+secs=${FUZZ_SECONDS:-6}
 out=build/fuzz
 mkdir -p "$out"
 common="src/common/util.c src/common/json_file.c src/common/tensor.c"
