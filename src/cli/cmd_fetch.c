@@ -3,11 +3,12 @@
  *
  * Order of work, chosen so an interruption at any point leaves a folder the next run completes: metadata
  * files (each written atomically), then the manifest listing every shard as pending with its holes (the
- * routed-expert spans, found from the shard headers), then per shard a sparse file of full size holding the
- * header and every non-expert byte, synced before the manifest marks it "spine". --layers puts the experts
- * of those layers into the disk cache (one atomic entry per span). --all fills each shard's holes in place
- * (from the cache when there, else one range request per span), logging finished spans after each synced
- * batch, and marks the shard complete at the end, dropping its cache entries. */
+ * routed-expert spans, found from the shard headers by storage/fetch_plan.c), then per shard a sparse file
+ * of full size holding the header and every non-expert byte, synced before the manifest marks it "spine".
+ * --layers puts the experts of those layers into the disk cache (one atomic, checksummed entry per span).
+ * --all fills each shard's holes in place (from the cache when the entry's checksum holds, else one range
+ * request per span), logging finished spans after each synced batch, checks the whole shard against the
+ * SHA-256 the hub publishes (when it does), and marks it complete, dropping its cache entries. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>

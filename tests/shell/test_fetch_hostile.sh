@@ -72,6 +72,16 @@ for cr in "bytes 0-0/0" "bytes 0-0/-5" "bytes 0-0/abc" "bytes -1-0/100" "bytes 0
     refused "Content-Range '$cr' for the shard size is refused" "Content-Range" \
         "$BIN" fetch --from "$U/good" -m "$T/m-cr" --dry-run
 done
+# four shards each claiming 2^62 bytes: 2^64 in all, which once wrapped to 0 and passed the disk check
+mkdir -p "$T/root/sat" && cp "$F/config.json" "$T/root/sat/"
+for k in 1 2 3 4; do
+    cp "$F/model.safetensors" "$T/root/sat/s$k.safetensors"
+    ctl "_fault?mode=crange&count=1&match=sat/s$k.safetensors&arg=bytes%200-0/4611686018427387904"
+done
+echo '{"weight_map":{"a":"s1.safetensors","b":"s2.safetensors","c":"s3.safetensors","d":"s4.safetensors"}}' \
+    >"$T/root/sat/model.safetensors.index.json"
+refused "shard sizes summing past 2^64 do not wrap around the --min-free check" "not starting" \
+    "$BIN" fetch --from "$U/sat" -m "$T/m-sat" --all --dry-run
 ctl _reset
 "$BIN" fetch --from "$U/good" -m "$T/m-good" --spine >"$T/out" 2>&1
 ok $? "the same server's good repository still fetches"
