@@ -78,8 +78,8 @@ static int dc_write_parts(const char *path, uint64_t pad, const void *data, size
         snprintf(tmp, pl + 64, "%.*s" DC_TMP_PREFIX "%ld-XXXXXX", (int)dl, path, (long)getpid());
         fd = mkstemp(tmp);
         if (fd < 0) break;
-        struct stat sb;
-        if (flock(fd, LOCK_EX) == 0 && fstat(fd, &sb) == 0 && sb.st_nlink > 0) break;
+        struct stat sb;   /* no locks on this file system: cleaners cannot lock it either, so it is safe */
+        if (flock(fd, LOCK_EX) != 0 || fstat(fd, &sb) != 0 || sb.st_nlink > 0) break;
         close(fd);   /* a cleaner took it between mkstemp and flock: make another */
     }
     if (fd < 0) {
@@ -302,8 +302,8 @@ int dcache_open(dcache **out, const char *dir, uint64_t min_free, df_error *err)
 }
 
 uint64_t dcache_default_reserve(void) {
-    uint64_t r = dc_env_bytes(DC_ENV_RESERVE);
-    return r ? r : DC_DEFAULT_RESERVE;
+    const char *v = getenv(DC_ENV_RESERVE);
+    return v && !strcmp(v, "0") ? 0 : dc_env_bytes(DC_ENV_RESERVE) ? dc_env_bytes(DC_ENV_RESERVE) : DC_DEFAULT_RESERVE;
 }
 
 void dcache_free(dcache *c) {
