@@ -114,3 +114,7 @@ for kv in "num_hidden_layers -1" "num_hidden_layers 2147483648" "hidden_size 429
         "$T/l-cfg/config.json" "$1" "$2"
     refused "config $1 = $2 is refused" "$1" "$BIN" info -m "$T/l-cfg"
 done
+for f in tokenizer_config.json tiktoken.model; do
+    rm -rf "$T/tk" && mkdir -p "$T/tk" && cp tests/tokenizer/tiny_k3/* "$T/tk/" && rm "$T/tk/$f" && mkfifo "$T/tk/$f"
+    refused "a FIFO in place of $f is refused at once" "not a regular file" "$BIN" tokenize -m "$T/tk" --text hi
+done
