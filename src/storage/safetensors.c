@@ -83,10 +83,10 @@ static int st_parse_entry(st_file *f, st_tensor *t, const char *name, json_t *e,
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", p,
                                 name, i), DF_EFORMAT;
         t->shape[i] = d;
+        if (d > ST_MAX_DIM || nonzero > ST_MAX_NONZERO_NUMEL / (uint64_t)(d ? d : 1))
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape too large", p, name), DF_EFORMAT;
         numel *= (uint64_t)d;
         nonzero *= (uint64_t)(d ? d : 1);
-        if (d > ST_MAX_DIM || nonzero > ST_MAX_NONZERO_NUMEL)
-            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape too large", p, name), DF_EFORMAT;
     }
     uint64_t bytes;
     if (__builtin_mul_overflow(numel, (uint64_t)di->size, &bytes))

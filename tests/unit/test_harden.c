@@ -152,6 +152,9 @@ static void test_headers(void) {
     CHECK(header_err("{\"a\":{\"dtype\":\"F32\",\"shape\":[0,4611686018427387904,2],\"data_offsets\":[0,0]}}", 1000,
                      &err) && strstr(err.msg, "shape too large"),
           "a zero-sized tensor with extreme widths refused (no int64 overflow later): %s", err.msg);
+    CHECK(header_err("{\"a\":{\"dtype\":\"F32\",\"shape\":[0,68719476736,68719476736],\"data_offsets\":[0,0]}}", 1000,
+                     &err) && strstr(err.msg, "shape too large"),
+          "two widths of 2^36 whose product wraps 64 bits refused: %s", err.msg);
     CHECK(header_err("{}", -1, &err) && strstr(err.msg, "does not fit"), "header longer than the file refused: %s",
           err.msg);
 }
