@@ -461,15 +461,14 @@ static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
             if (done[h0]) continue;
             if (dcache_has(j->cache, s->name, h->span)) {
                 df_error cerr = {0};
-                int crc = fetch_copy_cached(j, s, fd, h, &cerr);
-                if (crc != DF_EFORMAT) {
-                    if (crc) *err = cerr, rc = crc;
+                if (!fetch_copy_cached(j, s, fd, h, &cerr)) {
                     idx[n] = h0;
                     q[n++] = (remote_req){.len = 0};
                     continue;
                 }
+                /* corrupt, or gone since dcache_has (evicted by another process): the network has it */
                 fprintf(stderr, "deltafin fetch: warning: %s; fetching it again\n", cerr.msg);
-                dcache_remove(j->cache, s->name, h->span);
+                if (cerr.code == DF_EFORMAT) dcache_remove(j->cache, s->name, h->span);
             }
             sk[n] = (fetch_sink){fd, h->span.off, s->path, &j->prog};
             q[n] = (remote_req){.file = s->name, .off = h->span.off, .len = h->span.len, .what = fetch_what(h),

@@ -58,15 +58,15 @@ static int install_read(io_source *s, int file, uint64_t off, uint64_t len, uint
     if (dcache_has(I->cache, I->names[file], hole)) {
         atomic_fetch_add(&s->bytes, io_span_bytes(off, len));
         int rc = dcache_read(I->cache, I->names[file], hole, off, len, dst, what, err);
-        if (rc != DF_EFORMAT) return rc;
-        if (!I->net) {   /* corrupt: never served */
+        if (!rc) return rc;
+        if (!I->net) {   /* corrupt (or gone, evicted by another process): never served */
             char inner[sizeof err->msg];
             memcpy(inner, err->msg, sizeof inner);
             return df_error_set(err, DF_EFORMAT, "%s; pass --remote URL to fetch it again, or rerun deltafin fetch "
                                 "--layers/--all", inner), DF_EFORMAT;
         }
         fprintf(stderr, "deltafin: warning: %s; fetching it again\n", err->msg);
-        dcache_remove(I->cache, I->names[file], hole);
+        if (rc == DF_EFORMAT) dcache_remove(I->cache, I->names[file], hole);
     }
     uint8_t *head = dst + off % IO_ALIGN;
     if (off == hole.off && len == hole.len) return install_fetch(I, file, hole, head, what, err);
