@@ -191,11 +191,12 @@ void install_describe(const char *dir, char *buf, size_t cap) {
     dcache *c = NULL;
     dcache_open(&c, dir, 0, &err);
     uint64_t total = 0, missing = 0, cached = 0, holes = 0, cached_spans = 0;
-    int complete = 0, pending = 0;
+    int complete = 0, pending = 0, verified = 0;
     for (int i = 0; i < m.n; i++) {
         const dc_shard *s = &m.shards[i];
         total += s->size;
         complete += s->state == DC_COMPLETE;
+        verified += s->state == DC_COMPLETE && s->verified;
         if (s->state == DC_PENDING) {
             pending++;
             missing += s->size;
@@ -212,9 +213,10 @@ void install_describe(const char *dir, char *buf, size_t cap) {
     install_printf(buf, cap, "local: %.3f of %.3f GiB of shards on disk (%.1f%%), partial install from %s\n",
                    (double)(total - missing) * gib, (double)total * gib,
                    total ? 100.0 * (double)(total - missing) / (double)total : 100.0, m.source ? m.source : "?");
-    install_printf(buf, cap, "local: shards: %d complete, %d spine only, %d not fetched; expert spans cached: %llu of "
-                   "%llu missing from spine-only shards (%.3f GiB)\n", complete, m.n - complete - pending, pending,
-                   (unsigned long long)cached_spans, (unsigned long long)holes, (double)cached * gib);
+    install_printf(buf, cap, "local: shards: %d complete (%d checked against the remote's SHA-256), %d spine only, %d "
+                   "not fetched; expert spans cached: %llu of %llu missing from spine-only shards (%.3f GiB)\n",
+                   complete, verified, m.n - complete - pending, pending, (unsigned long long)cached_spans,
+                   (unsigned long long)holes, (double)cached * gib);
     dcache_free(c);
     dc_manifest_free(&m);
 }

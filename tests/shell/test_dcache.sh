@@ -88,6 +88,8 @@ sha=$(sha256sum "tests/fixtures/$F/model.safetensors" | cut -c1-64)
 rc=$?
 [ $rc -eq 0 ] && grep -q "\"sha256\":\"$sha\",\"verified\":true" "$T/v/.deltafin/install.json"
 ok $? "fetch --all verifies the shard against the ETag SHA-256 and records it verified"
+"$BIN" info -m "$T/v" 2>&1 | grep -q "^local: shards: 1 complete (1 checked against the remote's SHA-256)"
+ok $? "info says the complete shard was checked against the remote's SHA-256"
 python3 tests/remote/server.py --root tests/fixtures --port-file "$T/rport" --redirect >"$T/rserver.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 400); do [ -s "$T/rport" ] && break; sleep 0.05; done
