@@ -252,8 +252,9 @@ struct dcache {
     char *root;          /* DIR/.deltafin/cache */
     uint64_t min_free;
     uint64_t cap;        /* 0: no size cap */
-    pthread_mutex_t mu;  /* guards used */
+    pthread_mutex_t mu;  /* guards used and pending */
     int64_t used;        /* bytes of entries (files) under root; -1 until counted */
+    uint64_t pending;    /* bytes of entries this process is writing, already counted against the cap */
 };
 
 /* Removes temp files no writer holds: every writer keeps an exclusive flock on its temp file until it is
@@ -469,8 +470,10 @@ static int dc_cmp_age(const void *a, const void *b) {
     return x->tv_nsec < y->tv_nsec ? -1 : x->tv_nsec > y->tv_nsec;
 }
 
-/* Called with c->mu held: makes room for need more bytes under the cap, oldest entries first. */
+/* Called with c->mu held: makes room for need more bytes (besides those pending) under the cap, oldest
+ * entries first. */
 static void dc_evict(dcache *c, uint64_t need) {
+    need += c->pending;
     dc_file *v = NULL;
     int n = 0, cap = 0;
     dc_list(c->root, 0, &v, &n, &cap);
@@ -495,11 +498,16 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     if (!rc && c->cap && need > c->cap)
         rc = (df_error_set(err, DF_EIO, "%s: not caching %s: %llu bytes exceed the cache cap of %llu (%s)", path, what,
                            (unsigned long long)need, (unsigned long long)c->cap, DC_ENV_CAP), DF_EIO);
+    int reserved = 0;
     if (!rc && c->cap) {
         pthread_mutex_lock(&c->mu);
-        if (c->used < 0 || (uint64_t)c->used + need > c->cap) dc_evict(c, need);
-        c->used += (int64_t)need;   /* counted now so parallel writers do not all squeeze in */
+        if (c->used < 0 || (uint64_t)c->used + c->pending + need > c->cap) dc_evict(c, need);
+        reserved = (uint64_t)c->used + c->pending + need <= c->cap;
+        if (reserved) c->pending += need;   /* counted now so parallel writers do not all squeeze in */
         pthread_mutex_unlock(&c->mu);
+        if (!reserved)   /* what fills the cap is being written by this process's other threads */
+            rc = (df_error_set(err, DF_EIO, "%s: not caching %s: the cache is at its cap of %llu bytes (%s)", path,
+                               what, (unsigned long long)c->cap, DC_ENV_CAP), DF_EIO);
     }
     if (!rc && statvfs(folder, &vs) == 0 && (uint64_t)vs.f_bavail * vs.f_frsize < need + c->min_free)
         rc = (df_error_set(err, DF_EIO, "%s: disk full: caching %s needs %llu bytes, %llu free (keeping %llu free)",
@@ -515,9 +523,10 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
             df_error_set(err, rc, "caching %s: %s", what, inner);
         }
     }
-    if (rc && c->cap) {
+    if (reserved) {
         pthread_mutex_lock(&c->mu);
-        c->used = -1;   /* recount next time */
+        c->pending -= need;
+        if (c->used >= 0) c->used = rc ? -1 : c->used + (int64_t)need;   /* after a failure: recount */
         pthread_mutex_unlock(&c->mu);
     }
     free(folder);
