@@ -3,15 +3,15 @@
  *
  * Order of work, chosen so an interruption at any point leaves a folder the next run completes: metadata
  * files (each written atomically), then the manifest listing every shard as pending with its holes (the
- * routed-expert spans, found from the shard headers), then per shard a sparse file of full size holding the
- * header and every non-expert byte, synced before the manifest marks it "spine". --layers puts the experts
- * of those layers into the disk cache (one atomic entry per span). --all fills each shard's holes in place
- * (from the cache when there, else one range request per span), logging finished spans after each synced
- * batch, and marks the shard complete at the end, dropping its cache entries. */
+ * routed-expert spans, found from the shard headers by storage/fetch_plan.c), then per shard a sparse file
+ * of full size holding the header and every non-expert byte, synced before the manifest marks it "spine".
+ * --layers puts the experts of those layers into the disk cache (one atomic, checksummed entry per span).
+ * --all fills each shard's holes in place (from the cache when the entry's checksum holds, else one range
+ * request per span), logging finished spans after each synced batch, checks the whole shard against the
+ * SHA-256 the hub publishes (when it does), and marks it complete, dropping its cache entries. */
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>
-#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -21,8 +21,10 @@
 
 #include "cli.h"
 #include "fetch.h"
+#include "common/hash.h"
 #include "common/util.h"
 #include "storage/dcache.h"
+#include "storage/fetch_plan.h"
 #include "storage/remote.h"
 
 #define FETCH_MAX_LAYERS 4096
@@ -40,11 +42,7 @@ typedef struct fetch_opts {
     int any_layer;
 } fetch_opts;
 
-/* One hole of a shard with what it holds. */
-typedef struct fetch_hole {
-    dc_span span;
-    int layer, expert;
-} fetch_hole;
+typedef fplan_hole fetch_hole;
 
 typedef struct fetch_shard {
     char *name;
@@ -52,6 +50,7 @@ typedef struct fetch_shard {
     int local;               /* a complete local file the manifest does not track */
     dc_shard *m;             /* its manifest entry (NULL when local) */
     uint64_t size, header_len;
+    char sha256[65];         /* as the remote published it, or "" */
     dc_span *runs;           /* non-expert byte runs (header included) */
     int n_runs;
     fetch_hole *holes;       /* parallel to m->holes */
@@ -132,98 +131,18 @@ static int fetch_sink_write(void *ctx, uint64_t at, const uint8_t *d, size_t n, 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Shard headers: which bytes are routed experts (holes) and which are not (runs). */
 
-/* "...model.layers.{L}.{mlp|block_sparse_moe}.experts.{E}.w{1,2,3}...": layer and expert, or 0. */
-static int fetch_expert_name(const char *name, int *layer, int *expert) {
-    const char *l = strstr(name, "model.layers."), *e = strstr(name, ".experts.");
-    if (!l || !e || e < l) return 0;
-    char *end;
-    long lv = strtol(l + 13, &end, 10), ev;
-    if (end == l + 13 || *end != '.') return 0;
-    ev = strtol(e + 9, &end, 10);
-    if (end == e + 9 || *end != '.' || end[1] != 'w') return 0;
-    *layer = (int)lv;
-    *expert = (int)ev;
-    return 1;
-}
-
-typedef struct fetch_tensor {
-    uint64_t begin, end;
-    int layer, expert;       /* expert -1: not a routed expert */
-} fetch_tensor;
-
-static int fetch_cmp_tensor(const void *a, const void *b) {
-    const fetch_tensor *x = a, *y = b;
-    return x->begin < y->begin ? -1 : x->begin > y->begin;
-}
-
-static int fetch_parse_header(fetch_shard *s, const char *json, size_t len, df_error *err) {
-    json_error_t je;
-    json_t *root = json_loadb(json, len, 0, &je);
-    if (!json_is_object(root)) {
-        json_decref(root);
-        return df_error_set(err, DF_EFORMAT, "%s: bad safetensors header: %s", s->name, je.text), DF_EFORMAT;
-    }
-    size_t n = json_object_size(root), k = 0;
-    fetch_tensor *t = xcalloc(n + 1, sizeof *t);
-    const char *name;
-    json_t *v;
-    uint64_t data0 = 8 + s->header_len;
-    json_object_foreach(root, name, v) {
-        if (!strcmp(name, "__metadata__")) continue;
-        json_t *o = json_object_get(v, "data_offsets");
-        json_int_t b = json_integer_value(json_array_get(o, 0)), e = json_integer_value(json_array_get(o, 1));
-        if (b < 0 || e < b || data0 + (uint64_t)e > s->size) {
-            free(t);
-            json_decref(root);
-            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': data_offsets outside the file", s->name, name),
-                   DF_EFORMAT;
-        }
-        t[k] = (fetch_tensor){data0 + (uint64_t)b, data0 + (uint64_t)e, -1, -1};
-        if (!fetch_expert_name(name, &t[k].layer, &t[k].expert)) t[k].expert = -1;
-        k++;
-    }
-    json_decref(root);
-    qsort(t, k, sizeof *t, fetch_cmp_tensor);
-    s->runs = xcalloc(k + 2, sizeof *s->runs);
-    s->holes = xcalloc(k + 1, sizeof *s->holes);
-    s->runs[s->n_runs++] = (dc_span){0, data0};
-    for (size_t i = 0; i < k; i++) {
-        if (t[i].end == t[i].begin) continue;
-        if (t[i].expert < 0) {
-            dc_span *r = &s->runs[s->n_runs - 1];
-            if (r->off + r->len == t[i].begin) r->len += t[i].end - t[i].begin;
-            else s->runs[s->n_runs++] = (dc_span){t[i].begin, t[i].end - t[i].begin};
-            continue;
-        }
-        fetch_hole *h = s->n_holes ? &s->holes[s->n_holes - 1] : NULL;
-        if (h && h->layer == t[i].layer && h->expert == t[i].expert && h->span.off + h->span.len == t[i].begin)
-            h->span.len += t[i].end - t[i].begin;
-        else
-            s->holes[s->n_holes++] = (fetch_hole){{t[i].begin, t[i].end - t[i].begin}, t[i].layer, t[i].expert};
-    }
-    free(t);
-    return DF_OK;
-}
-
 static int fetch_read_header(remote *r, fetch_shard *s, df_error *err) {
-    int rc = remote_file_size(r, s->name, &s->size, err);
-    uint8_t len8[8];
-    remote_req q = {.file = s->name, .off = 0, .len = 8, .what = "shard header length", .dst = len8};
-    if (!rc && s->size < 8) rc = (df_error_set(err, DF_EFORMAT, "%s: remote file of %llu bytes is no safetensors "
-                                               "shard", s->name, (unsigned long long)s->size), DF_EFORMAT);
-    if (!rc) rc = remote_fetch(r, &q, 1, err);
+    fplan_layout L;
+    int rc = fplan_layout_fetch(&L, r, s->name, err);
     if (rc) return rc;
-    s->header_len = 0;
-    for (int i = 7; i >= 0; i--) s->header_len = s->header_len << 8 | len8[i];
-    if (s->header_len == 0 || s->header_len > (100u << 20) || 8 + s->header_len > s->size)
-        return df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit the file", s->name,
-                            (unsigned long long)s->header_len), DF_EFORMAT;
-    char *h = xmalloc(s->header_len + 1);
-    q = (remote_req){.file = s->name, .off = 8, .len = s->header_len, .what = "shard header", .dst = (uint8_t *)h};
-    rc = remote_fetch(r, &q, 1, err);
-    if (!rc) rc = fetch_parse_header(s, h, s->header_len, err);
-    free(h);
-    return rc;
+    s->size = L.size;
+    s->header_len = L.header_len;
+    memcpy(s->sha256, L.sha256, sizeof s->sha256);
+    s->runs = L.runs;
+    s->n_runs = L.n_runs;
+    s->holes = L.holes;
+    s->n_holes = L.n_holes;
+    return DF_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -244,35 +163,17 @@ typedef struct fetch_job {
     int64_t expert_spans;
 } fetch_job;
 
+static void fetch_add(uint64_t *a, uint64_t b) { *a = *a > UINT64_MAX - b ? UINT64_MAX : *a + b; }
+
 static int fetch_wanted(const fetch_job *j, const fetch_hole *h) {
     if (j->o.all) return 1;
     return h->layer >= 0 && h->layer < FETCH_MAX_LAYERS && j->o.layers[h->layer];
 }
 
-/* Appends to names (n of them) the shard files named by an index's weight_map (root, read from src) that it
- * does not hold yet; a name that would leave the model folder is refused. */
-static int index_shard_names(json_t *root, const char *src, char ***names, int *n, df_error *err) {
-    json_t *wm = json_object_get(root, "weight_map");
-    if (!json_is_object(wm)) return (df_error_set(err, DF_EFORMAT, "%s: no weight_map", src), DF_EFORMAT);
-    const char *k;
-    json_t *v;
-    json_object_foreach(wm, k, v) {
-        const char *name = json_string_value(v);
-        int seen = 0;
-        for (int i = 0; i < *n && !seen; i++) seen = !strcmp((*names)[i], name);
-        if (!name || seen) continue;
-        if (name[0] == '/' || strstr(name, ".."))
-            return (df_error_set(err, DF_EFORMAT, "%s: shard name '%s' leaves the folder", src, name), DF_EFORMAT);
-        *names = xrealloc(*names, sizeof **names * (size_t)(*n + 1));
-        (*names)[(*n)++] = xstrdup(name);
-    }
-    return DF_OK;
-}
-
-/* Adds the shard files named by an index (see index_shard_names) to j->sh, which holds none yet. */
-static int fetch_add_shards(fetch_job *j, json_t *root, const char *src, df_error *err) {
+/* Adds the shard files named by an index (see fplan_index_shards) to j->sh, which holds none yet. */
+static int fetch_add_shards(fetch_job *j, const char *json, size_t len, const char *src, df_error *err) {
     char **names = NULL;
-    int n = 0, rc = index_shard_names(root, src, &names, &n, err);
+    int n = 0, rc = fplan_index_shards(json, len, src, &names, &n, err);
     DF_ASSERT(!j->sh && !j->n_sh);
     j->sh = xcalloc((size_t)n + 1, sizeof *j->sh);
     for (int i = 0; i < n; i++) j->sh[i].name = names[i];
@@ -296,17 +197,9 @@ static int fetch_meta(fetch_job *j, df_error *err) {
                                    remote_base(j->r)), DF_EIO);
             if (!rc && !missing) {
                 j->meta_missing++;
-                if (!j->o.dry_run) rc = dc_write_atomic(path, 0, data, len, err);
-                else if (!strcmp(f, "model.safetensors.index.json")) {
-                    /* the dry run still needs the shard list: keep the index in memory only */
-                    free(path);
-                    path = NULL;
-                    json_t *root = json_loadb(data, len, 0, NULL);
-                    free(data);
-                    data = NULL;
-                    rc = fetch_add_shards(j, root, f, err);
-                    json_decref(root);
-                }
+                /* the index is checked before it is kept (the dry run keeps it in memory only) */
+                if (!strcmp(f, "model.safetensors.index.json")) rc = fetch_add_shards(j, data, len, f, err);
+                if (!rc && !j->o.dry_run) rc = dc_write_atomic(path, 0, data, len, err);
             }
             free(data);
         }
@@ -324,10 +217,10 @@ static int fetch_shard_names(fetch_job *j, df_error *err) {
     char *ipath = df_path_join(j->o.dir, "model.safetensors.index.json");
     int rc = DF_OK;
     if (!j->n_sh && access(ipath, F_OK) == 0) {
-        json_error_t je;
-        json_t *root = json_load_file(ipath, 0, &je);
-        rc = fetch_add_shards(j, root, ipath, err);
-        json_decref(root);
+        size_t len;
+        char *text = df_read_file_max(ipath, DF_JSON_FILE_MAX, &len, err);
+        rc = text ? fetch_add_shards(j, text, len, ipath, err) : DF_EIO;
+        free(text);
     } else if (!j->n_sh) {
         j->sh = xcalloc(1, sizeof *j->sh);
         j->sh[j->n_sh++].name = xstrdup("model.safetensors");
@@ -338,6 +231,12 @@ static int fetch_shard_names(fetch_job *j, df_error *err) {
 }
 
 static unsigned char *fetch_log_load(const fetch_job *j, const fetch_shard *s);
+
+static int fetch_same_holes(const fetch_shard *s) {
+    for (int h = 0; h < s->n_holes; h++)
+        if (s->m->holes[h].off != s->holes[h].span.off || s->m->holes[h].len != s->holes[h].span.len) return 0;
+    return 1;
+}
 
 /* Reads headers of shards not complete, fills manifest entries (new ones pending). */
 static int fetch_plan(fetch_job *j, df_error *err) {
@@ -355,54 +254,66 @@ static int fetch_plan(fetch_job *j, df_error *err) {
         if (!s->m) {
             j->man.shards = xrealloc(j->man.shards, sizeof *j->man.shards * (size_t)(j->man.n + 1));
             dc_shard *m = &j->man.shards[j->man.n++];
-            *m = (dc_shard){xstrdup(s->name), s->size, DC_PENDING, s->n_holes, xcalloc((size_t)s->n_holes + 1,
-                                                                                         sizeof(dc_span))};
+            *m = (dc_shard){.name = xstrdup(s->name), .size = s->size, .state = DC_PENDING, .n_holes = s->n_holes,
+                            .holes = xcalloc((size_t)s->n_holes + 1, sizeof(dc_span))};
             for (int h = 0; h < s->n_holes; h++) m->holes[h] = s->holes[h].span;
+            m->sha256 = s->sha256[0] ? xstrdup(s->sha256) : NULL;
             for (int k = 0; k < j->n_sh; k++)   /* the array moved */
                 j->sh[k].m = j->sh[k].local ? NULL : dc_manifest_find(&j->man, j->sh[k].name);
-        } else if (s->m->size != s->size || s->m->n_holes != s->n_holes) {
+        } else if (s->m->size != s->size || s->m->n_holes != s->n_holes || !fetch_same_holes(s) ||
+                   (s->m->sha256 && s->sha256[0] && strcmp(s->m->sha256, s->sha256))) {
             return df_error_set(err, DF_EFORMAT, "%s: the remote shard (%llu bytes, %d expert spans) differs from "
                                 "the one this folder was installed from (%llu bytes, %d spans): a different "
                                 "revision? Use a new folder", s->name, (unsigned long long)s->size, s->n_holes,
                                 (unsigned long long)s->m->size, s->m->n_holes), DF_EFORMAT;
         }
-        if (s->m->state == DC_PENDING)
-            for (int r = 0; r < s->n_runs; r++) j->spine_bytes += s->runs[r].len;
+        if (!s->m->sha256 && s->sha256[0]) s->m->sha256 = xstrdup(s->sha256);
+        /* sums of sizes a remote reported saturate instead of wrapping (the disk check then refuses) */
+        uint64_t spine = 0;
+        for (int r = 0; r < s->n_runs; r++) spine += s->runs[r].len;   /* <= size: parsed disjoint */
+        if (s->m->state == DC_PENDING) fetch_add(&j->spine_bytes, spine);
         /* spans an interrupted --all already wrote into the shard are not fetched again */
         unsigned char *written = j->o.all && s->m->state == DC_SPINE ? fetch_log_load(j, s) : NULL;
         for (int h = 0; h < s->n_holes; h++) {
             if (!fetch_wanted(j, &s->holes[h]) || (written && written[h])) continue;
             int cached = dcache_has(j->cache, s->name, s->holes[h].span);
-            if (!cached) j->expert_bytes += s->holes[h].span.len, j->expert_spans++;
-            if (!j->o.all && !cached) j->disk_bytes += s->holes[h].span.len;
+            if (!cached) fetch_add(&j->expert_bytes, s->holes[h].span.len), j->expert_spans++;
+            if (!j->o.all && !cached) fetch_add(&j->disk_bytes, s->holes[h].span.len);
         }
         free(written);
-        if (j->o.all) j->disk_bytes += s->size;   /* the whole shard ends up allocated */
-        else if (s->m->state == DC_PENDING) j->disk_bytes += s->size - 0;
+        if (j->o.all) fetch_add(&j->disk_bytes, s->size);   /* the whole shard ends up allocated */
+        else if (s->m->state == DC_PENDING) fetch_add(&j->disk_bytes, spine);   /* sparse: non-expert bytes */
     }
-    if (!j->o.all)   /* sparse spine files allocate only their non-expert bytes */
-        for (int i = 0; i < j->n_sh; i++) {
-            fetch_shard *s = &j->sh[i];
-            if (s->m && s->m->state == DC_PENDING)
-                for (int h = 0; h < s->n_holes; h++) j->disk_bytes -= s->holes[h].span.len;
-        }
     return DF_OK;
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Work */
 
+/* Opens the shard for writing at its full size. A file of another size is never resized in place: a
+ * server may map it, and pages past a shrunk end would kill it with SIGBUS. A new file of the right size
+ * is renamed over it instead; whoever maps the old one keeps its (unchanged) inode. */
 static int fetch_open_shard(fetch_shard *s, int *fd, df_error *err) {
-    *fd = open(s->path, O_RDWR | O_CREAT | O_CLOEXEC, 0644);
-    if (*fd < 0) return df_error_set(err, DF_EIO, "%s: %s", s->path, strerror(errno)), DF_EIO;
+    *fd = open(s->path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
     struct stat sb;
-    if (fstat(*fd, &sb) == 0 && (uint64_t)sb.st_size != s->size && ftruncate(*fd, (off_t)s->size)) {
-        df_error_set(err, DF_EIO, "%s: cannot size the file to %llu bytes: %s", s->path,
-                     (unsigned long long)s->size, strerror(errno));
+    if (*fd >= 0 && (fstat(*fd, &sb) || !S_ISREG(sb.st_mode))) {
         close(*fd);
-        return DF_EIO;
+        return df_error_set(err, DF_EIO, "%s: not a regular file", s->path), DF_EIO;
     }
-    return DF_OK;
+    if (*fd >= 0 && (uint64_t)sb.st_size == s->size) return DF_OK;
+    if (*fd >= 0) close(*fd);
+    size_t n = strlen(s->path) + 16;
+    char *tmp = xmalloc(n);
+    snprintf(tmp, n, "%s.new", s->path);
+    *fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
+    int e = *fd < 0 ? errno : ftruncate(*fd, (off_t)s->size) ? errno : rename(tmp, s->path) ? errno : 0;
+    if (e) {
+        df_error_set(err, DF_EIO, "%s: cannot create it at %llu bytes: %s", s->path, (unsigned long long)s->size,
+                     strerror(e));
+        if (*fd >= 0) close(*fd), unlink(tmp);
+    }
+    free(tmp);
+    return e ? DF_EIO : DF_OK;
 }
 
 static int fetch_sync(int fd, const char *path, df_error *err) {
@@ -489,18 +400,51 @@ static unsigned char *fetch_log_load(const fetch_job *j, const fetch_shard *s) {
     return done;
 }
 
-static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, dc_span e, df_error *err) {
-    char *p = dcache_entry_path(j->cache, s->name, e);
-    size_t n;
-    char *data = df_read_file(p, &n, err);
-    int rc = data ? DF_OK : DF_EIO;
-    uint64_t pad = e.off % 4096;
-    if (data && n != pad + e.len) rc = (df_error_set(err, DF_EIO, "%s: cache entry has the wrong size", p), DF_EIO);
-    fetch_sink sk = {fd, e.off, s->path, NULL};   /* the plan did not count cached spans as bytes to fetch */
-    if (!rc) rc = fetch_sink_write(&sk, 0, (const uint8_t *)data + pad, e.len, err);
+/* A cached span into the shard, only once its checksum holds: DF_EFORMAT when the entry is corrupt. */
+static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, const fetch_hole *h, df_error *err) {
+    uint8_t *data = xmalloc(h->span.len);
+    char *what = fetch_what(h);
+    int rc = dcache_load(j->cache, s->name, h->span, data, what, err);
+    fetch_sink sk = {fd, h->span.off, s->path, NULL};   /* the plan did not count cached spans as bytes to fetch */
+    if (!rc) rc = fetch_sink_write(&sk, 0, data, h->span.len, err);
+    free(what);
     free(data);
-    free(p);
     return rc;
+}
+
+/* The filled shard against the SHA-256 the hub published. On a mismatch nothing of it can be trusted: it
+ * goes back to pending (the next run fetches it whole again) and the fetch fails. */
+static int fetch_verify_shard(fetch_job *j, fetch_shard *s, const char *logp, df_error *err) {
+    int fd = df_open_regular(s->path, O_RDONLY, err);
+    if (fd < 0) return DF_EIO;
+    df_sha256 h;
+    df_sha256_init(&h);
+    size_t cap = 4u << 20;
+    uint8_t *buf = xmalloc(cap);
+    ssize_t n;
+    while ((n = read(fd, buf, cap)) > 0 || (n < 0 && errno == EINTR))
+        if (n > 0) df_sha256_update(&h, buf, (size_t)n);
+    int e = n < 0 ? errno : 0;
+    close(fd);
+    free(buf);
+    if (e) return df_error_set(err, DF_EIO, "%s: reading it back to verify: %s", s->path, strerror(e)), DF_EIO;
+    char hex[65];
+    df_sha256_hex(&h, hex);
+    if (!strcmp(hex, s->m->sha256)) {
+        s->m->verified = 1;
+        return DF_OK;
+    }
+    char want[65];
+    snprintf(want, sizeof want, "%s", s->m->sha256);
+    s->m->state = DC_PENDING;
+    free(s->m->sha256);   /* the next run takes the remote's hash afresh */
+    s->m->sha256 = NULL;
+    unlink(logp);
+    dcache_drop_shard(j->cache, s->name);
+    int rc = dc_manifest_save(j->o.dir, &j->man, err);
+    if (rc) return rc;
+    return df_error_set(err, DF_EFORMAT, "%s: SHA-256 after fetch --all is %s, the remote publishes %s: the shard "
+                        "is corrupt and was reset; run fetch again", s->path, hex, want), DF_EFORMAT;
 }
 
 /* --all: every hole of a spine-only shard written in place, then the shard marked complete. */
@@ -521,10 +465,15 @@ static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
             fetch_hole *h = &s->holes[h0];
             if (done[h0]) continue;
             if (dcache_has(j->cache, s->name, h->span)) {
-                rc = fetch_copy_cached(j, s, fd, h->span, err);
-                idx[n] = h0;
-                q[n++] = (remote_req){.len = 0};
-                continue;
+                df_error cerr = {0};
+                if (!fetch_copy_cached(j, s, fd, h, &cerr)) {
+                    idx[n] = h0;
+                    q[n++] = (remote_req){.len = 0};
+                    continue;
+                }
+                /* corrupt, or gone since dcache_has (evicted by another process): the network has it */
+                fprintf(stderr, "deltafin fetch: warning: %s; fetching it again\n", cerr.msg);
+                if (cerr.code == DF_EFORMAT) dcache_remove(j->cache, s->name, h->span);
             }
             sk[n] = (fetch_sink){fd, h->span.off, s->path, &j->prog};
             q[n] = (remote_req){.file = s->name, .off = h->span.off, .len = h->span.len, .what = fetch_what(h),
@@ -551,6 +500,7 @@ static int fetch_fill_shard(fetch_job *j, fetch_shard *s, df_error *err) {
     free(done);
     if (log) fclose(log);
     close(fd);
+    if (!rc && s->m->sha256) rc = fetch_verify_shard(j, s, logp, err);
     if (!rc) {
         s->m->state = DC_COMPLETE;
         rc = dc_manifest_save(j->o.dir, &j->man, err);
@@ -610,7 +560,7 @@ static int fetch_parse_args(fetch_opts *o, int argc, char **argv) {
         case 'd': o->dry_run = 1; break;
         case 'F':
             o->min_free_gb = strtod(optarg, &end);
-            if (end == optarg || *end || o->min_free_gb < 0) return fetch_usage(stderr), 2;
+            if (end == optarg || *end || !(o->min_free_gb >= 0 && o->min_free_gb <= 1e9)) return fetch_usage(stderr), 2;
             break;
         case 'j':
             o->jobs = (int)strtol(optarg, &end, 10);
@@ -659,7 +609,7 @@ static int fetch_check_disk(fetch_job *j, df_error *err) {
     uint64_t free_b = (uint64_t)vs.f_bavail * vs.f_frsize, keep = (uint64_t)(j->o.min_free_gb * 1e9);
     printf("disk: needs %.3f GB, %.3f GB free in %s, keeping at least %.3f GB free\n", (double)j->disk_bytes / 1e9,
            (double)free_b / 1e9, j->o.dir, (double)keep / 1e9);
-    if (j->disk_bytes + keep > free_b)
+    if (j->disk_bytes > free_b || keep > free_b - j->disk_bytes)
         return df_error_set(err, DF_EIO, "%s: not starting: this fetch needs %.3f GB and would leave %.3f GB free, "
                             "less than --min-free %.3f GB", j->o.dir, (double)j->disk_bytes / 1e9,
                             ((double)free_b - (double)j->disk_bytes) / 1e9, j->o.min_free_gb), DF_EIO;
@@ -735,9 +685,7 @@ int fetch_list_experts(remote *r, fetch_span_list *out, df_error *err) {
         out->files = xcalloc(1, sizeof *out->files);
         out->files[out->n_files++] = xstrdup("model.safetensors");
     } else {
-        json_t *root = json_loadb(data, len, 0, NULL);
-        rc = index_shard_names(root, "model.safetensors.index.json", &out->files, &out->n_files, err);
-        json_decref(root);
+        rc = fplan_index_shards(data, len, "model.safetensors.index.json", &out->files, &out->n_files, err);
         free(data);
     }
     for (int i = 0; i < out->n_files && !rc; i++) {

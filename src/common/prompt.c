@@ -29,25 +29,27 @@ static int32_t *read_ids(json_t *root, const char *key, int *n, const char *path
 }
 
 int prompt_read_file(const char *path, int32_t **prefill, int *np, int32_t **decode, int *nd, df_error *err) {
-    json_error_t jerr;
-    json_t *root = json_load_file(path, 0, &jerr);
-    if (!root || !json_is_object(root)) {
-        df_error_set(err, DF_EFORMAT, "%s: bad JSON (line %d: %s)", path, jerr.line, root ? "not an object" : jerr.text);
+    *prefill = *decode = NULL;
+    *np = *nd = 0;
+    json_t *root = df_json_load_file(path, 0, err);
+    if (!root) return err && err->code ? err->code : DF_EFORMAT;
+    if (!json_is_object(root)) {
+        df_error_set(err, DF_EFORMAT, "%s: not a JSON object", path);
         json_decref(root);
         return DF_EFORMAT;
     }
-    *prefill = read_ids(root, "prefill", np, path, err);
-    *decode = *prefill ? read_ids(root, "decode", nd, path, err) : NULL;
+    int32_t *pre = read_ids(root, "prefill", np, path, err), *dec = pre ? read_ids(root, "decode", nd, path, err) : NULL;
     json_decref(root);
-    if (!*prefill || !*decode) {
-        free(*prefill);
-        return DF_EFORMAT;
+    int rc = pre && dec ? DF_OK : DF_EFORMAT;
+    if (!rc && *np == 0)
+        rc = (df_error_set(err, DF_EFORMAT, "%s: \"prefill\" must hold at least one token", path), DF_EFORMAT);
+    if (rc) {   /* the caller gets nothing to free on failure */
+        free(pre);
+        free(dec);
+        *np = *nd = 0;
+        return rc;
     }
-    if (*np == 0) {
-        df_error_set(err, DF_EFORMAT, "%s: \"prefill\" must hold at least one token", path);
-        free(*prefill);
-        free(*decode);
-        return DF_EFORMAT;
-    }
+    *prefill = pre;
+    *decode = dec;
     return DF_OK;
 }

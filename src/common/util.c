@@ -1,12 +1,15 @@
-/* util.c — die-on-OOM allocation, errors, timing and whole-file reads shared by every module. */
+/* util.c — die-on-OOM allocation, errors, timing and bounded whole-file reads shared by every module. */
 #include "util.h"
 
 #include <errno.h>
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <time.h>
+#include <unistd.h>
 
 void df_die(const char *fmt, ...) {
     va_list ap;
@@ -64,32 +67,68 @@ double df_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-char *df_read_file(const char *path, size_t *len, df_error *err) {
-    FILE *f = fopen(path, "rb");
-    if (!f) {
+int df_open_regular(const char *path, int flags, df_error *err) {
+    int fd = open(path, flags | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
+    if (fd < 0) {
         df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno));
-        return NULL;
+        return -1;
     }
+    struct stat sb;
+    if (fstat(fd, &sb) || !S_ISREG(sb.st_mode)) {
+        df_error_set(err, DF_EIO, "%s: not a regular file", path);
+        close(fd);
+        return -1;
+    }
+    int fl = fcntl(fd, F_GETFL);
+    if (fl >= 0) fcntl(fd, F_SETFL, fl & ~O_NONBLOCK);
+    return fd;
+}
+
+static char *util_read_fd(int fd, const char *path, size_t max, size_t *len, df_error *err) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
     for (;;) {
-        size_t got = fread(buf + n, 1, cap - n - 1, f);
-        n += got;
-        if (n + 1 < cap) {
-            if (ferror(f)) {
-                df_error_set(err, DF_EIO, "%s: read error", path);
-                fclose(f);
-                free(buf);
-                return NULL;
-            }
-            break;
+        if (n + 1 == cap) {
+            if (n > max) break;
+            cap *= 2;
+            buf = xrealloc(buf, cap);
         }
-        cap *= 2;
-        buf = xrealloc(buf, cap);
+        ssize_t got = read(fd, buf + n, cap - n - 1);
+        if (got < 0 && errno == EINTR) continue;
+        if (got < 0) {
+            df_error_set(err, DF_EIO, "%s: read error: %s", path, strerror(errno));
+            free(buf);
+            return NULL;
+        }
+        if (got == 0) break;
+        n += (size_t)got;
     }
-    fclose(f);
+    if (n > max) {
+        df_error_set(err, DF_EFORMAT, "%s: larger than %zu MiB, too large for this kind of file", path, max >> 20);
+        free(buf);
+        return NULL;
+    }
     buf[n] = 0;
     if (len) *len = n;
+    return buf;
+}
+
+char *df_read_file(const char *path, size_t *len, df_error *err) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    if (fd < 0) {
+        df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno));
+        return NULL;
+    }
+    char *buf = util_read_fd(fd, path, DF_READ_FILE_MAX, len, err);
+    close(fd);
+    return buf;
+}
+
+char *df_read_file_max(const char *path, size_t max, size_t *len, df_error *err) {
+    int fd = df_open_regular(path, O_RDONLY, err);
+    if (fd < 0) return NULL;
+    char *buf = util_read_fd(fd, path, max, len, err);
+    close(fd);
     return buf;
 }
 

@@ -18,8 +18,21 @@ char *xstrdup(const char *s);
 void *xaligned_alloc(size_t align, size_t n);   /* zero-filled; free with free() */
 
 double df_now(void);                             /* monotonic seconds */
-/* Reads a whole file (NUL-terminated); returns NULL and fills err on failure. */
+/* Caps on whole-file reads: JSON metadata (config, index, tokenizer config, manifest) is far smaller than
+ * DF_JSON_FILE_MAX; any file read whole is smaller than DF_READ_FILE_MAX. */
+#define DF_JSON_FILE_MAX ((size_t)64 << 20)
+#define DF_READ_FILE_MAX ((size_t)1 << 30)
+/* Reads a whole file (NUL-terminated, at most DF_READ_FILE_MAX bytes; pipes allowed, for command-line
+ * input); returns NULL and fills err on failure. */
 char *df_read_file(const char *path, size_t *len, df_error *err);
+/* The same for a model or state file: only a regular file of at most max bytes (a FIFO, device or
+ * directory in its place is refused at once instead of hanging or filling memory). */
+char *df_read_file_max(const char *path, size_t max, size_t *len, df_error *err);
+/* A JSON file read through df_read_file_max(DF_JSON_FILE_MAX) and parsed with jansson flags; NULL with err
+ * naming the file (and line and column of bad JSON). In json_file.c. */
+struct json_t *df_json_load_file(const char *path, size_t flags, df_error *err);
+/* open(2) that refuses anything but a regular file without blocking on it; -1 with err filled. */
+int df_open_regular(const char *path, int flags, df_error *err);
 /* Joins dir and name into a newly allocated path. */
 char *df_path_join(const char *dir, const char *name);
 

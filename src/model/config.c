@@ -3,6 +3,7 @@
 #include "config.h"
 
 #include <jansson.h>
+#include <math.h>
 #include <string.h>
 #include "common/util.h"
 
@@ -22,7 +23,10 @@ static json_t *cfg_find(cfg_reader *r, const char *const *keys) {
     return NULL;
 }
 
-static int64_t cfg_int(cfg_reader *r, const char *const *keys, int64_t dflt, int required) {
+/* An integer key; values past [lo, hi] (or non-integral reals) are refused naming the key, never truncated
+ * by a later cast. */
+static int64_t cfg_int_in(cfg_reader *r, const char *const *keys, int64_t dflt, int required, int64_t lo,
+                          int64_t hi) {
     json_t *v = cfg_find(r, keys);
     if (!v) {
         if (required && !r->failed) {
@@ -31,15 +35,34 @@ static int64_t cfg_int(cfg_reader *r, const char *const *keys, int64_t dflt, int
         }
         return dflt;
     }
-    if (json_is_integer(v)) return json_integer_value(v);
-    if (json_is_real(v) && json_real_value(v) == (double)(int64_t)json_real_value(v))
-        return (int64_t)json_real_value(v);
-    if (json_is_boolean(v)) return json_is_true(v);
+    int ok = 1;
+    int64_t x = 0;
+    if (json_is_integer(v)) {
+        x = json_integer_value(v);
+    } else if (json_is_real(v)) {
+        double d = json_real_value(v);
+        ok = d >= -0x1p53 && d <= 0x1p53 && d == (double)(int64_t)d;
+        if (ok) x = (int64_t)d;
+    } else if (json_is_boolean(v)) {
+        x = json_is_true(v);
+    } else {
+        ok = 0;
+    }
+    if (ok && x >= lo && x <= hi) return x;
     if (!r->failed) {
-        df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" must be an integer", r->path, keys[0]);
+        if (ok)
+            df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" = %lld is out of range %lld..%lld", r->path, keys[0],
+                         (long long)x, (long long)lo, (long long)hi);
+        else
+            df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" must be an integer", r->path, keys[0]);
         r->failed = 1;
     }
     return dflt;
+}
+
+/* Every int field of df_config: any value an int holds passes here; cfg_check judges the meaning. */
+static int cfg_int(cfg_reader *r, const char *const *keys, int dflt, int required) {
+    return (int)cfg_int_in(r, keys, dflt, required, INT32_MIN, INT32_MAX);
 }
 
 static double cfg_num(cfg_reader *r, const char *const *keys, double dflt) {
@@ -80,14 +103,14 @@ static int cfg_layer_list(cfg_reader *r, json_t *lac, const char *key, df_config
 }
 
 static int cfg_read_text(cfg_reader *r, df_config *c) {
-    c->vocab = (int)cfg_int(r, KEYS("vocab_size"), 0, 1);
-    c->d = (int)cfg_int(r, KEYS("hidden_size"), 0, 1);
-    c->n_layers = (int)cfg_int(r, KEYS("num_hidden_layers"), 0, 1);
+    c->vocab = cfg_int(r, KEYS("vocab_size"), 0, 1);
+    c->d = cfg_int(r, KEYS("hidden_size"), 0, 1);
+    c->n_layers = cfg_int(r, KEYS("num_hidden_layers"), 0, 1);
     c->eps = (float)cfg_num(r, KEYS("rms_norm_eps"), 1e-5);
-    c->max_ctx = cfg_int(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0);
-    c->bos_id = (int)cfg_int(r, KEYS("bos_token_id"), -1, 0);
-    c->eos_id = (int)cfg_int(r, KEYS("eos_token_id"), -1, 0);
-    c->dense_inter = (int)cfg_int(r, KEYS("intermediate_size"), 0, 1);
+    c->max_ctx = cfg_int_in(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0, INT64_MIN, INT64_MAX);
+    c->bos_id = cfg_int(r, KEYS("bos_token_id"), -1, 0);
+    c->eos_id = cfg_int(r, KEYS("eos_token_id"), -1, 0);
+    c->dense_inter = cfg_int(r, KEYS("intermediate_size"), 0, 1);
 
     json_t *act = json_object_get(r->root, "hidden_act");
     const char *a = json_is_string(act) ? json_string_value(act) : "silu";
@@ -100,20 +123,20 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
     c->situ_beta = (float)cfg_num(r, KEYS("activation_situ_beta"), 4.0);
     c->situ_lin_beta = (float)cfg_num(r, KEYS("activation_situ_linear_beta"), 0.0);
 
-    c->n_experts = (int)cfg_int(r, KEYS("num_experts", "num_local_experts", "n_routed_experts"), 0, 0);
-    c->topk = (int)cfg_int(r, KEYS("num_experts_per_token", "num_experts_per_tok"), 0, 0);
-    c->n_shared = (int)cfg_int(r, KEYS("num_shared_experts", "n_shared_experts"), 0, 0);
-    c->moe_inter = (int)cfg_int(r, KEYS("moe_intermediate_size"), 0, 0);
-    c->n_group = (int)cfg_int(r, KEYS("num_expert_group", "n_group"), 1, 0);
-    c->topk_group = (int)cfg_int(r, KEYS("topk_group"), 1, 0);
+    c->n_experts = cfg_int(r, KEYS("num_experts", "num_local_experts", "n_routed_experts"), 0, 0);
+    c->topk = cfg_int(r, KEYS("num_experts_per_token", "num_experts_per_tok"), 0, 0);
+    c->n_shared = cfg_int(r, KEYS("num_shared_experts", "n_shared_experts"), 0, 0);
+    c->moe_inter = cfg_int(r, KEYS("moe_intermediate_size"), 0, 0);
+    c->n_group = cfg_int(r, KEYS("num_expert_group", "n_group"), 1, 0);
+    c->topk_group = cfg_int(r, KEYS("topk_group"), 1, 0);
     json_t *ug = json_object_get(r->root, "use_grouped_topk");
     if (ug && json_is_false(ug)) c->n_group = c->topk_group = 1;
-    c->renorm = (int)cfg_int(r, KEYS("moe_renormalize", "norm_topk_prob"), 1, 0);
+    c->renorm = cfg_int(r, KEYS("moe_renormalize", "norm_topk_prob"), 1, 0);
     c->routed_scale = (float)cfg_num(r, KEYS("routed_scaling_factor"), 1.0);
-    c->first_dense = (int)cfg_int(r, KEYS("first_k_dense_replace"), 0, 0);
-    c->moe_freq = (int)cfg_int(r, KEYS("moe_layer_freq"), 1, 0);
-    c->latent_dim = (int)cfg_int(r, KEYS("routed_expert_hidden_size"), 0, 0);
-    c->latent_norm = (int)cfg_int(r, KEYS("latent_moe_use_norm"), 0, 0);
+    c->first_dense = cfg_int(r, KEYS("first_k_dense_replace"), 0, 0);
+    c->moe_freq = cfg_int(r, KEYS("moe_layer_freq"), 1, 0);
+    c->latent_dim = cfg_int(r, KEYS("routed_expert_hidden_size"), 0, 0);
+    c->latent_norm = cfg_int(r, KEYS("latent_moe_use_norm"), 0, 0);
     json_t *func = json_object_get(r->root, "moe_router_activation_func");
     if (func && json_is_string(func) && strcmp(json_string_value(func), "sigmoid")) {
         df_error_set(r->err, DF_EUNSUPPORTED, "%s: moe_router_activation_func \"%s\" is not supported (sigmoid)",
@@ -121,14 +144,14 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
         return -1;
     }
 
-    c->mla_heads = (int)cfg_int(r, KEYS("num_attention_heads"), 0, 1);
-    c->q_lora = (int)cfg_int(r, KEYS("q_lora_rank"), 0, 0);
-    c->kv_lora = (int)cfg_int(r, KEYS("kv_lora_rank"), 0, 1);
-    c->nope = (int)cfg_int(r, KEYS("qk_nope_head_dim"), 0, 1);
-    c->rope = (int)cfg_int(r, KEYS("qk_rope_head_dim"), 0, 1);
-    c->vdim = (int)cfg_int(r, KEYS("v_head_dim"), 0, 1);
-    c->mla_out_gate = (int)cfg_int(r, KEYS("mla_use_output_gate"), 0, 0);
-    c->attn_res_block = (int)cfg_int(r, KEYS("attn_res_block_size"), 0, 0);
+    c->mla_heads = cfg_int(r, KEYS("num_attention_heads"), 0, 1);
+    c->q_lora = cfg_int(r, KEYS("q_lora_rank"), 0, 0);
+    c->kv_lora = cfg_int(r, KEYS("kv_lora_rank"), 0, 1);
+    c->nope = cfg_int(r, KEYS("qk_nope_head_dim"), 0, 1);
+    c->rope = cfg_int(r, KEYS("qk_rope_head_dim"), 0, 1);
+    c->vdim = cfg_int(r, KEYS("v_head_dim"), 0, 1);
+    c->mla_out_gate = cfg_int(r, KEYS("mla_use_output_gate"), 0, 0);
+    c->attn_res_block = cfg_int(r, KEYS("attn_res_block_size"), 0, 0);
     return r->failed ? -1 : 0;
 }
 
@@ -139,16 +162,21 @@ static int cfg_read_linear_attn(cfg_reader *r, df_config *c) {
         return -1;
     }
     cfg_reader sub = {lac, r->path, r->err, 0};
-    c->kda_heads = (int)cfg_int(&sub, KEYS("num_heads"), 0, 1);
-    c->kda_dim = (int)cfg_int(&sub, KEYS("head_dim"), 0, 1);
-    c->conv_w = (int)cfg_int(&sub, KEYS("short_conv_kernel_size"), 4, 0);
-    c->full_rank_gate = (int)cfg_int(&sub, KEYS("use_full_rank_gate"), 0, 0);
+    c->kda_heads = cfg_int(&sub, KEYS("num_heads"), 0, 1);
+    c->kda_dim = cfg_int(&sub, KEYS("head_dim"), 0, 1);
+    c->conv_w = cfg_int(&sub, KEYS("short_conv_kernel_size"), 4, 0);
+    c->full_rank_gate = cfg_int(&sub, KEYS("use_full_rank_gate"), 0, 0);
     json_t *lb = json_object_get(lac, "gate_lower_bound");
     if (lb && json_is_number(lb)) {
         c->has_lower_bound = 1;
         c->lower_bound = (float)json_number_value(lb);
     }
     if (sub.failed) return -1;
+    if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_LAYERS) {   /* before sizing anything by it */
+        df_error_set(r->err, DF_EFORMAT, "%s: num_hidden_layers %d is out of range 1..%d", r->path, c->n_layers,
+                     CONFIG_MAX_LAYERS);
+        return -1;
+    }
     c->mixer = xcalloc(c->n_layers, 1);
     c->ffn = xcalloc(c->n_layers, 1);
     uint8_t *seen = xcalloc(c->n_layers, 1);
@@ -162,6 +190,19 @@ static int cfg_read_linear_attn(cfg_reader *r, df_config *c) {
         }
     free(seen);
     return rc;
+}
+
+/* An upper bound (in floating point, so it cannot overflow) on every product config_param_counts forms: no
+ * term of its formulas multiplies more than one count (heads, experts, layers) by two widths, and a layer
+ * has fewer than 64 such terms. Below 2^62 its int64 arithmetic is exact. */
+static double cfg_size_bound(const df_config *c) {
+    const double widths[] = {c->d, c->dense_inter, c->moe_inter, c->latent_dim, c->kda_dim, c->conv_w, c->q_lora,
+                             c->kv_lora, (double)c->nope + c->rope, c->vdim};
+    const double counts[] = {c->kda_heads, c->mla_heads, c->n_experts, c->n_shared, 1};
+    double w = 0, h = 0;
+    for (size_t i = 0; i < sizeof widths / sizeof widths[0]; i++) w = DF_MAX(w, fabs(widths[i]));
+    for (size_t i = 0; i < sizeof counts / sizeof counts[0]; i++) h = DF_MAX(h, fabs(counts[i]));
+    return 2.0 * fabs((double)c->vocab) * fabs((double)c->d) + ((double)c->n_layers + 1) * 64.0 * h * w * w;
 }
 
 static int cfg_check(cfg_reader *r, df_config *c) {
@@ -198,6 +239,11 @@ static int cfg_check(cfg_reader *r, df_config *c) {
     if (c->attn_res_block < 0 || (c->attn_res_block && c->n_layers / c->attn_res_block + 2 > CONFIG_MAX_ATTN_RES_BLOCKS)) {
         df_error_set(r->err, DF_EUNSUPPORTED, "%s: attn_res_block_size %d gives more than %d blocks", r->path,
                      c->attn_res_block, CONFIG_MAX_ATTN_RES_BLOCKS);
+        return -1;
+    }
+    if (cfg_size_bound(c) > 0x1p62) {
+        df_error_set(r->err, DF_EUNSUPPORTED, "%s: the sizes imply more than 2^62 parameters (width, heads or "
+                     "expert counts far past any model)", r->path);
         return -1;
     }
     if (c->n_group > 1 && c->n_experts / c->n_group < 2) {

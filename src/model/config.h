@@ -12,6 +12,7 @@
 /* Bounds that keep per-token scratch on the stack; configs past them are refused, not truncated. */
 #define CONFIG_MAX_EXPERT_GROUPS 1024
 #define CONFIG_MAX_ATTN_RES_BLOCKS 256
+#define CONFIG_MAX_LAYERS 65536
 
 typedef enum { MIXER_KDA = 0, MIXER_MLA = 1 } df_mixer_kind;
 typedef enum { FFN_DENSE = 0, FFN_MOE = 1 } df_ffn_kind;

@@ -5,19 +5,23 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <jansson.h>
-#include <signal.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/file.h>
 #include <sys/stat.h>
 #include <sys/statvfs.h>
 #include <unistd.h>
 
 #include "../common/util.h"
 #include "io.h"
+#include "../common/hash.h"
 
 #define DC_CACHE_DIR ".deltafin/cache"
 #define DC_TMP_PREFIX ".tmp-"
+#define DC_TRAILER 16                    /* magic, then the XXH64 of the entry's bytes (little-endian) */
+#define DC_TRAILER_MAGIC "DFXXH64\n"
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Files */
@@ -62,13 +66,22 @@ static int dc_write_all(int fd, const uint8_t *p, size_t n) {
     return 0;
 }
 
-int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len, df_error *err) {
+/* pad zero bytes, data, then tail (tail_len bytes), published atomically. */
+static int dc_write_parts(const char *path, uint64_t pad, const void *data, size_t len, const void *tail,
+                          size_t tail_len, df_error *err) {
     size_t pl = strlen(path);
     char *tmp = xmalloc(pl + 64);
     const char *slash = strrchr(path, '/');
     size_t dl = slash ? (size_t)(slash - path + 1) : 0;
-    snprintf(tmp, pl + 64, "%.*s" DC_TMP_PREFIX "%ld-XXXXXX", (int)dl, path, (long)getpid());
-    int fd = mkstemp(tmp);
+    int fd;
+    for (;;) {   /* the lock on the temp file is its lease: cleaners remove only unlocked ones */
+        snprintf(tmp, pl + 64, "%.*s" DC_TMP_PREFIX "%ld-XXXXXX", (int)dl, path, (long)getpid());
+        fd = mkstemp(tmp);
+        if (fd < 0) break;
+        struct stat sb;   /* no locks on this file system: cleaners cannot lock it either, so it is safe */
+        if (flock(fd, LOCK_EX) != 0 || fstat(fd, &sb) != 0 || sb.st_nlink > 0) break;
+        close(fd);   /* a cleaner took it between mkstemp and flock: make another */
+    }
     if (fd < 0) {
         df_error_set(err, DF_EIO, "%s: cannot create a temp file next to it: %s", path, strerror(errno));
         free(tmp);
@@ -78,6 +91,7 @@ int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len
     static const uint8_t zeros[IO_ALIGN];
     if (pad) e = dc_write_all(fd, zeros, (size_t)DF_MIN(pad, sizeof zeros));
     if (!e) e = dc_write_all(fd, data, len);
+    if (!e && tail_len) e = dc_write_all(fd, tail, tail_len);
     if (!e && fchmod(fd, 0644)) e = errno;
     if (!e && fsync(fd)) e = errno;
     if (close(fd) && !e) e = errno;
@@ -92,6 +106,10 @@ int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len
     return e ? DF_EIO : DF_OK;
 }
 
+int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len, df_error *err) {
+    return dc_write_parts(path, pad, data, len, NULL, 0, err);
+}
+
 /* ---------------------------------------------------------------------------------------------------- */
 /* Manifest */
 
@@ -101,6 +119,7 @@ void dc_manifest_free(dc_manifest *m) {
     for (int i = 0; i < m->n; i++) {
         free(m->shards[i].name);
         free(m->shards[i].holes);
+        free(m->shards[i].sha256);
     }
     free(m->shards);
     free(m->source);
@@ -142,6 +161,10 @@ static int dc_parse_shard(json_t *js, dc_shard *s, const char *path, df_error *e
         return dc_bad(path, "shard entry lacks name, state, size or holes", err);
     s->name = xstrdup(name);
     s->size = (uint64_t)json_integer_value(size);
+    const char *sha = json_string_value(json_object_get(js, "sha256"));
+    if (sha && strlen(sha) != 64) return dc_bad(path, "sha256 is not 64 hex digits", err);
+    s->sha256 = sha ? xstrdup(sha) : NULL;
+    s->verified = json_is_true(json_object_get(js, "verified"));
     s->state = -1;
     for (int k = 0; k < 3; k++)
         if (!strcmp(state, dc_state_names[k])) s->state = k;
@@ -172,12 +195,13 @@ int dc_manifest_load(const char *dir, dc_manifest *m, int *found, df_error *err)
         return DF_OK;
     }
     *found = 1;
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
+    df_error je = {0};
+    json_t *root = df_json_load_file(path, 0, &je);
     int rc = DF_OK;
     json_t *shards = root ? json_object_get(root, "shards") : NULL;
     if (!root || !json_is_array(shards)) {
-        rc = dc_bad(path, root ? "no \"shards\" array" : je.text, err);
+        rc = root ? dc_bad(path, "no \"shards\" array", err) : (df_error_set(err, DF_EFORMAT, "%s (rerun deltafin "
+                                                                              "fetch to rebuild it)", je.msg), DF_EFORMAT);
     } else {
         const char *src = json_string_value(json_object_get(root, "source"));
         m->source = src ? xstrdup(src) : NULL;
@@ -201,6 +225,8 @@ int dc_manifest_save(const char *dir, const dc_manifest *m, df_error *err) {
         json_object_set_new(js, "name", json_string(s->name));
         json_object_set_new(js, "size", json_integer((json_int_t)s->size));
         json_object_set_new(js, "state", json_string(dc_state_names[s->state]));
+        if (s->sha256) json_object_set_new(js, "sha256", json_string(s->sha256));
+        if (s->verified) json_object_set_new(js, "verified", json_true());
         for (int h = 0; h < s->n_holes && s->state != DC_COMPLETE; h++)
             json_array_append_new(holes, json_pack("[II]", (json_int_t)s->holes[h].off, (json_int_t)s->holes[h].len));
         json_object_set_new(js, "holes", holes);
@@ -225,9 +251,15 @@ int dc_manifest_save(const char *dir, const dc_manifest *m, df_error *err) {
 struct dcache {
     char *root;          /* DIR/.deltafin/cache */
     uint64_t min_free;
+    uint64_t cap;        /* 0: no size cap */
+    pthread_mutex_t mu;  /* guards used and pending */
+    int64_t used;        /* bytes of entries (files) under root; -1 until counted */
+    uint64_t pending;    /* bytes of entries this process is writing, already counted against the cap */
 };
 
-/* Removes temp files whose writer is gone (the pid in the name no longer runs). */
+/* Removes temp files no writer holds: every writer keeps an exclusive flock on its temp file until it is
+ * renamed or abandoned, and the kernel drops it when the writer dies. A lock, not the pid in the name: a
+ * pid says nothing about a process of another host or container sharing the folder. */
 static void dc_clean_temps(const char *folder, int depth) {
     DIR *d = opendir(folder);
     if (!d) return;
@@ -235,22 +267,32 @@ static void dc_clean_temps(const char *folder, int depth) {
     while ((de = readdir(d))) {
         if (!strcmp(de->d_name, ".") || !strcmp(de->d_name, "..")) continue;
         char *p = df_path_join(folder, de->d_name);
-        long pid;
-        if (!strncmp(de->d_name, DC_TMP_PREFIX, strlen(DC_TMP_PREFIX)) &&
-            sscanf(de->d_name + strlen(DC_TMP_PREFIX), "%ld-", &pid) == 1 && pid > 0 &&
-            kill((pid_t)pid, 0) && errno == ESRCH)
-            unlink(p);
-        else if (de->d_type == DT_DIR && depth < 8)
+        if (!strncmp(de->d_name, DC_TMP_PREFIX, strlen(DC_TMP_PREFIX))) {
+            int fd = open(p, O_RDONLY | O_NONBLOCK | O_CLOEXEC | O_NOFOLLOW);
+            if (fd >= 0 && flock(fd, LOCK_EX | LOCK_NB) == 0) unlink(p);
+            if (fd >= 0) close(fd);
+        } else if (de->d_type == DT_DIR && depth < 8) {
             dc_clean_temps(p, depth + 1);
+        }
         free(p);
     }
     closedir(d);
+}
+
+static uint64_t dc_env_bytes(const char *name) {
+    const char *v = getenv(name);
+    char *end;
+    double gb = v && *v ? strtod(v, &end) : 0;
+    return v && *v && !*end && gb > 0 && gb < 1e9 ? (uint64_t)(gb * 1e9) : 0;
 }
 
 int dcache_open(dcache **out, const char *dir, uint64_t min_free, df_error *err) {
     dcache *c = xcalloc(1, sizeof *c);
     c->root = df_path_join(dir, DC_CACHE_DIR);
     c->min_free = min_free;
+    c->cap = dc_env_bytes(DC_ENV_CAP);
+    c->used = -1;
+    pthread_mutex_init(&c->mu, NULL);
     dc_clean_temps(c->root, 0);
     char *sd = df_path_join(dir, DC_STATE_DIR);
     dc_clean_temps(sd, 8);   /* the manifest's temp files (not the cache again) */
@@ -260,8 +302,14 @@ int dcache_open(dcache **out, const char *dir, uint64_t min_free, df_error *err)
     return DF_OK;
 }
 
+uint64_t dcache_default_reserve(void) {
+    const char *v = getenv(DC_ENV_RESERVE);
+    return v && !strcmp(v, "0") ? 0 : dc_env_bytes(DC_ENV_RESERVE) ? dc_env_bytes(DC_ENV_RESERVE) : DC_DEFAULT_RESERVE;
+}
+
 void dcache_free(dcache *c) {
     if (!c) return;
+    pthread_mutex_destroy(&c->mu);
     free(c->root);
     free(c);
 }
@@ -273,10 +321,13 @@ char *dcache_entry_path(const dcache *c, const char *shard, dc_span e) {
     return p;
 }
 
+/* Size of the entry file: alignment padding, the bytes, the trailer. */
+static uint64_t dc_entry_bytes(dc_span e) { return e.off % IO_ALIGN + e.len + DC_TRAILER; }
+
 int dcache_has(const dcache *c, const char *shard, dc_span e) {
     char *p = dcache_entry_path(c, shard, e);
     struct stat sb;
-    int ok = stat(p, &sb) == 0 && (uint64_t)sb.st_size == e.off % IO_ALIGN + e.len;
+    int ok = stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == dc_entry_bytes(e);
     free(p);
     return ok;
 }
@@ -293,9 +344,54 @@ static int dc_pread_all(int fd, uint8_t *dst, uint64_t want, uint64_t pos, uint6
     return 0;
 }
 
+static void dc_trailer(uint8_t t[DC_TRAILER], const uint8_t *data, uint64_t len) {
+    uint64_t h = df_hash64(data, (size_t)len, 0);
+    memcpy(t, DC_TRAILER_MAGIC, 8);
+    for (int i = 0; i < 8; i++) t[8 + i] = (uint8_t)(h >> (8 * i));
+}
+
+/* The entry's bytes (at data, e.len of them) against the trailer stored after them in fd. */
+static int dc_verify(int fd, const char *path, dc_span e, const uint8_t *data, const char *what, df_error *err) {
+    uint8_t want[DC_TRAILER], got[DC_TRAILER];
+    uint64_t n = 0;
+    int e1 = dc_pread_all(fd, got, DC_TRAILER, e.off % IO_ALIGN + e.len, &n);
+    dc_trailer(want, data, e.len);
+    if (!e1 && n == DC_TRAILER && !memcmp(want, got, DC_TRAILER)) return DF_OK;
+    return df_error_set(err, DF_EFORMAT, "%s: cached %s is corrupt (%s)", path, what,
+                        e1 ? strerror(e1) : n < DC_TRAILER ? "no checksum" : "checksum mismatch"), DF_EFORMAT;
+}
+
+/* Marks an entry recently used (for eviction under a size cap). */
+static void dc_touch(const dcache *c, const char *path) {
+    if (c->cap) utimensat(AT_FDCWD, path, NULL, 0);
+}
+
+int dcache_load(dcache *c, const char *shard, dc_span e, uint8_t *dst, const char *what, df_error *err) {
+    char *path = dcache_entry_path(c, shard, e);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc;
+    uint64_t got = 0;
+    int e1 = fd < 0 ? errno : dc_pread_all(fd, dst, e.len, e.off % IO_ALIGN, &got);
+    if (e1 || got < e.len)
+        rc = (df_error_set(err, DF_EIO, "%s: reading cached %s failed: %s", path, what,
+                           e1 ? strerror(e1) : "entry shorter than its name says"), DF_EIO);
+    else
+        rc = dc_verify(fd, path, e, dst, what, err);
+    if (fd >= 0) close(fd);
+    if (!rc) dc_touch(c, path);
+    free(path);
+    return rc;
+}
+
 int dcache_read(dcache *c, const char *shard, dc_span e, uint64_t off, uint64_t len, uint8_t *dst, const char *what,
                 df_error *err) {
     DF_ASSERT(off >= e.off && off + len <= e.off + e.len);
+    if (off != e.off || len != e.len) {   /* part of an entry: the whole is needed to verify it */
+        uint8_t *all = xmalloc(e.len);
+        int rc = dcache_load(c, shard, e, all, what, err);
+        if (!rc) memcpy(dst + off % IO_ALIGN, all + (off - e.off), len);
+        free(all);
+        return rc;
+    }
     char *path = dcache_entry_path(c, shard, e);
     uint64_t base = e.off - e.off % IO_ALIGN, head = off % IO_ALIGN, pos = off - base - head, got = 0;
     int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT), e1 = 0;
@@ -314,8 +410,82 @@ int dcache_read(dcache *c, const char *shard, dc_span e, uint64_t off, uint64_t 
     if (e1)
         rc = (df_error_set(err, DF_EIO, "%s: reading cached %s failed: %s", path, what,
                            e1 < 0 ? "entry shorter than its name says" : strerror(e1)), DF_EIO);
+    if (!rc) {
+        fd = open(path, O_RDONLY | O_CLOEXEC);
+        rc = fd < 0 ? (df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno)), DF_EIO)
+                    : dc_verify(fd, path, e, dst + head, what, err);
+        if (fd >= 0) close(fd);
+    }
+    if (!rc) dc_touch(c, path);
     free(path);
     return rc;
+}
+
+void dcache_remove(dcache *c, const char *shard, dc_span e) {
+    char *path = dcache_entry_path(c, shard, e);
+    struct stat sb;
+    if (stat(path, &sb) == 0 && unlink(path) == 0) {
+        pthread_mutex_lock(&c->mu);
+        if (c->used >= 0) c->used -= DF_MIN(c->used, (int64_t)sb.st_size);
+        pthread_mutex_unlock(&c->mu);
+    }
+    free(path);
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* Size cap: least recently used entries (by mtime, refreshed on every verified read) go first. */
+
+typedef struct dc_file {
+    char *path;
+    int64_t size;
+    struct timespec mtime;
+} dc_file;
+
+static void dc_list(const char *folder, int depth, dc_file **v, int *n, int *cap) {
+    DIR *d = opendir(folder);
+    if (!d) return;
+    struct dirent *de;
+    while ((de = readdir(d))) {
+        if (de->d_name[0] == '.') continue;   /* ".", "..", temp files */
+        char *p = df_path_join(folder, de->d_name);
+        struct stat sb;
+        if (lstat(p, &sb)) {
+            free(p);
+        } else if (S_ISDIR(sb.st_mode) && depth < 8) {
+            dc_list(p, depth + 1, v, n, cap);
+            free(p);
+        } else if (S_ISREG(sb.st_mode)) {
+            if (*n == *cap) *v = xrealloc(*v, sizeof **v * (size_t)(*cap = *cap ? 2 * *cap : 256));
+            (*v)[(*n)++] = (dc_file){p, (int64_t)sb.st_size, sb.st_mtim};
+        } else {
+            free(p);
+        }
+    }
+    closedir(d);
+}
+
+static int dc_cmp_age(const void *a, const void *b) {
+    const struct timespec *x = &((const dc_file *)a)->mtime, *y = &((const dc_file *)b)->mtime;
+    if (x->tv_sec != y->tv_sec) return x->tv_sec < y->tv_sec ? -1 : 1;
+    return x->tv_nsec < y->tv_nsec ? -1 : x->tv_nsec > y->tv_nsec;
+}
+
+/* Called with c->mu held: makes room for need more bytes (besides those pending) under the cap, oldest
+ * entries first. */
+static void dc_evict(dcache *c, uint64_t need) {
+    need += c->pending;
+    dc_file *v = NULL;
+    int n = 0, cap = 0;
+    dc_list(c->root, 0, &v, &n, &cap);
+    c->used = 0;
+    for (int i = 0; i < n; i++) c->used += v[i].size;
+    if ((uint64_t)c->used + need > c->cap) {
+        qsort(v, (size_t)n, sizeof *v, dc_cmp_age);
+        for (int i = 0; i < n && (uint64_t)c->used + need > c->cap; i++)
+            if (unlink(v[i].path) == 0) c->used -= v[i].size;
+    }
+    for (int i = 0; i < n; i++) free(v[i].path);
+    free(v);
 }
 
 int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, const char *what, df_error *err) {
@@ -324,18 +494,40 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     *strrchr(folder, '/') = 0;
     int rc = dc_mkdir_p(folder, err);
     struct statvfs vs;
-    uint64_t need = e.off % IO_ALIGN + e.len;
+    uint64_t need = dc_entry_bytes(e);
+    if (!rc && c->cap && need > c->cap)
+        rc = (df_error_set(err, DF_EIO, "%s: not caching %s: %llu bytes exceed the cache cap of %llu (%s)", path, what,
+                           (unsigned long long)need, (unsigned long long)c->cap, DC_ENV_CAP), DF_EIO);
+    int reserved = 0;
+    if (!rc && c->cap) {
+        pthread_mutex_lock(&c->mu);
+        if (c->used < 0 || (uint64_t)c->used + c->pending + need > c->cap) dc_evict(c, need);
+        reserved = (uint64_t)c->used + c->pending + need <= c->cap;
+        if (reserved) c->pending += need;   /* counted now so parallel writers do not all squeeze in */
+        pthread_mutex_unlock(&c->mu);
+        if (!reserved)   /* what fills the cap is being written by this process's other threads */
+            rc = (df_error_set(err, DF_EIO, "%s: not caching %s: the cache is at its cap of %llu bytes (%s)", path,
+                               what, (unsigned long long)c->cap, DC_ENV_CAP), DF_EIO);
+    }
     if (!rc && statvfs(folder, &vs) == 0 && (uint64_t)vs.f_bavail * vs.f_frsize < need + c->min_free)
         rc = (df_error_set(err, DF_EIO, "%s: disk full: caching %s needs %llu bytes, %llu free (keeping %llu free)",
                            path, what, (unsigned long long)need, (unsigned long long)vs.f_bavail * vs.f_frsize,
                            (unsigned long long)c->min_free), DF_EIO);
     if (!rc) {
-        rc = dc_write_atomic(path, e.off % IO_ALIGN, data, e.len, err);
+        uint8_t t[DC_TRAILER];
+        dc_trailer(t, data, e.len);
+        rc = dc_write_parts(path, e.off % IO_ALIGN, data, e.len, t, sizeof t, err);
         if (rc) {
             char inner[sizeof err->msg];
             memcpy(inner, err->msg, sizeof inner);
             df_error_set(err, rc, "caching %s: %s", what, inner);
         }
+    }
+    if (reserved) {
+        pthread_mutex_lock(&c->mu);
+        c->pending -= need;
+        if (c->used >= 0) c->used = rc ? -1 : c->used + (int64_t)need;   /* after a failure: recount */
+        pthread_mutex_unlock(&c->mu);
     }
     free(folder);
     free(path);

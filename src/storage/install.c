@@ -20,6 +20,7 @@ typedef struct io_install {
     char **names;            /* per file: name relative to the model folder */
     dcache *cache;
     remote *net;             /* NULL: no --remote URL */
+    atomic_int cache_warned; /* a failed cache write was reported once */
 } io_install;
 
 static int install_fetch(io_install *I, int file, dc_span h, uint8_t *buf, const char *what, df_error *err) {
@@ -30,9 +31,12 @@ static int install_fetch(io_install *I, int file, dc_span h, uint8_t *buf, const
                             I->man.source ? I->man.source : "an unknown source"), DF_EIO;
     remote_req q = {.file = I->names[file], .off = h.off, .len = h.len, .what = what, .dst = buf};
     int rc = remote_fetch(I->net, &q, 1, err);
-    if (!rc) atomic_fetch_add(&I->base.net_bytes, h.len);
-    if (!rc) rc = dcache_put(I->cache, I->names[file], h, buf, what, err);
-    return rc;
+    if (rc) return rc;
+    atomic_fetch_add(&I->base.net_bytes, h.len);
+    df_error perr = {0};   /* the bytes are here: a cache that cannot take them (disk full) must not fail the read */
+    if (dcache_put(I->cache, I->names[file], h, buf, what, &perr) && !atomic_exchange(&I->cache_warned, 1))
+        fprintf(stderr, "deltafin: warning: %s; serving without caching (reported once)\n", perr.msg);
+    return DF_OK;
 }
 
 static int install_read(io_source *s, int file, uint64_t off, uint64_t len, uint8_t *dst, const char *what,
@@ -53,7 +57,16 @@ static int install_read(io_source *s, int file, uint64_t off, uint64_t len, uint
     atomic_fetch_add(&s->reads, 1);
     if (dcache_has(I->cache, I->names[file], hole)) {
         atomic_fetch_add(&s->bytes, io_span_bytes(off, len));
-        return dcache_read(I->cache, I->names[file], hole, off, len, dst, what, err);
+        int rc = dcache_read(I->cache, I->names[file], hole, off, len, dst, what, err);
+        if (!rc) return rc;
+        if (!I->net) {   /* corrupt (or gone, evicted by another process): never served */
+            char inner[sizeof err->msg];
+            memcpy(inner, err->msg, sizeof inner);
+            return df_error_set(err, DF_EFORMAT, "%s; pass --remote URL to fetch it again, or rerun deltafin fetch "
+                                "--layers/--all", inner), DF_EFORMAT;
+        }
+        fprintf(stderr, "deltafin: warning: %s; fetching it again\n", err->msg);
+        if (rc == DF_EFORMAT) dcache_remove(I->cache, I->names[file], hole);
     }
     uint8_t *head = dst + off % IO_ALIGN;
     if (off == hole.off && len == hole.len) return install_fetch(I, file, hole, head, what, err);
@@ -128,7 +141,7 @@ int io_install_wrap(io_source **src, const char *dir, int n_files, const char *r
         const dc_shard *s = dc_manifest_find(&I->man, names[i]);
         I->shard[i] = s && s->state == DC_SPINE ? s : NULL;
     }
-    rc = dcache_open(&I->cache, dir, 0, err);
+    rc = dcache_open(&I->cache, dir, dcache_default_reserve(), err);
     if (!rc && remote_url) {
         char *base = remote_resolve_base(remote_url, err);
         rc = base ? remote_open(&I->net, base, NULL, err) : DF_EINVAL;
@@ -178,11 +191,12 @@ void install_describe(const char *dir, char *buf, size_t cap) {
     dcache *c = NULL;
     dcache_open(&c, dir, 0, &err);
     uint64_t total = 0, missing = 0, cached = 0, holes = 0, cached_spans = 0;
-    int complete = 0, pending = 0;
+    int complete = 0, pending = 0, verified = 0;
     for (int i = 0; i < m.n; i++) {
         const dc_shard *s = &m.shards[i];
         total += s->size;
         complete += s->state == DC_COMPLETE;
+        verified += s->state == DC_COMPLETE && s->verified;
         if (s->state == DC_PENDING) {
             pending++;
             missing += s->size;
@@ -199,9 +213,10 @@ void install_describe(const char *dir, char *buf, size_t cap) {
     install_printf(buf, cap, "local: %.3f of %.3f GiB of shards on disk (%.1f%%), partial install from %s\n",
                    (double)(total - missing) * gib, (double)total * gib,
                    total ? 100.0 * (double)(total - missing) / (double)total : 100.0, m.source ? m.source : "?");
-    install_printf(buf, cap, "local: shards: %d complete, %d spine only, %d not fetched; expert spans cached: %llu of "
-                   "%llu missing from spine-only shards (%.3f GiB)\n", complete, m.n - complete - pending, pending,
-                   (unsigned long long)cached_spans, (unsigned long long)holes, (double)cached * gib);
+    install_printf(buf, cap, "local: shards: %d complete (%d checked against the remote's SHA-256), %d spine only, %d "
+                   "not fetched; expert spans cached: %llu of %llu missing from spine-only shards (%.3f GiB)\n",
+                   complete, verified, m.n - complete - pending, pending, (unsigned long long)cached_spans,
+                   (unsigned long long)holes, (double)cached * gib);
     dcache_free(c);
     dc_manifest_free(&m);
 }

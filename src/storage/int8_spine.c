@@ -68,13 +68,11 @@ int int8_spine_files(const char *dir, char ***files, int *n, df_error *err) {
     char *index = df_path_join(dir, INT8_SPINE_INDEX), *single = df_path_join(dir, INT8_SPINE_FILE);
     int rc = DF_OK;
     if (access(index, F_OK) == 0) {
-        json_error_t je;
-        json_t *root = json_load_file(index, JSON_REJECT_DUPLICATES, &je);
+        json_t *root = df_json_load_file(index, JSON_REJECT_DUPLICATES, err);
         json_t *wm = root ? json_object_get(root, "weight_map") : NULL;
-        if (!json_is_object(wm)) {
-            rc = DF_EFORMAT;
-            df_error_set(err, rc, "%s: %s", index, root ? "missing \"weight_map\" object" : je.text);
-        }
+        if (!root) rc = err->code;
+        else if (!json_is_object(wm))
+            rc = (df_error_set(err, DF_EFORMAT, "%s: missing \"weight_map\" object", index), DF_EFORMAT);
         const char *name;
         json_t *val;
         if (!rc) json_object_foreach(wm, name, val) {
@@ -182,12 +180,10 @@ static int int8_collect(int8_writer *w, df_error *err) {
     int rc = DF_OK;
     json_t *root = NULL;
     if (access(index, F_OK) == 0) {
-        json_error_t je;
-        root = json_load_file(index, 0, &je);
-        if (!json_is_object(json_object_get(root, "weight_map"))) {
-            rc = DF_EFORMAT;
-            df_error_set(err, rc, "%s: no \"weight_map\" object (%s)", index, root ? "" : je.text);
-        }
+        root = df_json_load_file(index, 0, err);
+        if (!root) rc = err->code;
+        else if (!json_is_object(json_object_get(root, "weight_map")))
+            rc = (df_error_set(err, DF_EFORMAT, "%s: no \"weight_map\" object", index), DF_EFORMAT);
     } else {
         rc = int8_open_source(w, "model.safetensors", err);
         rc = rc < 0 ? rc : DF_OK;

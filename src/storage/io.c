@@ -269,9 +269,8 @@ int io_local_open_ex(io_source **out, int n_files, const char *const *paths, con
         io_file *f = &L->f[L->n++];
         f->path = xstrdup(paths[i]);
         f->fd_direct = -1;
-        f->fd_buf = open(paths[i], O_RDONLY | O_CLOEXEC);
+        f->fd_buf = df_open_regular(paths[i], O_RDONLY, err);
         if (f->fd_buf < 0) {
-            df_error_set(err, DF_EIO, "%s: %s", paths[i], strerror(errno));
             io_local_free(&L->base);
             *out = NULL;
             return DF_EIO;

@@ -48,6 +48,8 @@ typedef struct xfer {
     int has_cr;
     uint64_t cr_a, cr_b, cr_total;
     double retry_after;
+    char etag[65];               /* this answer's ETag when it is a SHA-256 (an LFS file) */
+    char linked_etag[65];        /* X-Linked-Etag of any answer in the redirect chain (the hub's LFS hash) */
     uint64_t discarded;
     int fault;
     char why[600];
@@ -117,6 +119,49 @@ static void xfer_fault(xfer *x, int kind, const char *fmt, ...) {
     x->fault = kind;
 }
 
+/* Digits only (sscanf's %llu would take "-1" as 2^64-1); 0 past 2^62. */
+static const char *remote_parse_u64(const char *p, uint64_t *v) {
+    *v = 0;
+    if (*p < '0' || *p > '9') return NULL;
+    for (; *p >= '0' && *p <= '9'; p++) {
+        *v = *v * 10 + (uint64_t)(*p - '0');
+        if (*v > (1ull << 62)) return NULL;
+    }
+    return p;
+}
+
+/* " bytes a-b/total" with a <= b < total; 0 for anything else (a "*" total included). */
+static int remote_parse_range(const char *p, uint64_t *a, uint64_t *b, uint64_t *total) {
+    while (*p == ' ' || *p == '\t') p++;
+    if (strncasecmp(p, "bytes", 5) || (p[5] != ' ' && p[5] != '\t')) return 0;
+    p += 5;
+    while (*p == ' ' || *p == '\t') p++;
+    if (!(p = remote_parse_u64(p, a)) || *p++ != '-' || !(p = remote_parse_u64(p, b)) || *p++ != '/' ||
+        !(p = remote_parse_u64(p, total)))
+        return 0;
+    while (*p == ' ' || *p == '\t' || *p == '\r' || *p == '\n') p++;
+    return !*p && *a <= *b && *b < *total;
+}
+
+/* An ETag value that is a SHA-256 ("hex", W/"hex" or bare hex) into out as lowercase hex; else unchanged. */
+static void remote_parse_sha(const char *p, char out[65]) {
+    while (*p == ' ' || *p == '\t') p++;
+    if (!strncmp(p, "W/", 2)) p += 2;
+    if (*p == '"') p++;
+    char h[65];
+    for (int i = 0; i < 64; i++) {
+        char c = p[i];
+        if (!((c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F'))) return;
+        h[i] = (char)(c >= 'A' && c <= 'F' ? c - 'A' + 'a' : c);
+    }
+    const char *q = p + 64;
+    if (*q == '"') q++;
+    while (*q == ' ' || *q == '\t' || *q == '\r' || *q == '\n') q++;
+    if (*q) return;
+    h[64] = 0;
+    memcpy(out, h, 65);
+}
+
 static size_t xfer_header(char *p, size_t size, size_t n, void *ctx) {
     xfer *x = ctx;
     size_t len = size * n;
@@ -127,10 +172,13 @@ static size_t xfer_header(char *p, size_t size, size_t n, void *ctx) {
     if (!strncmp(line, "HTTP/", 5)) {   /* a new response (after a redirect, or 100 Continue) */
         x->has_cr = 0;
         x->retry_after = -1;
+        x->etag[0] = 0;
+    } else if (!strncasecmp(line, "ETag:", 5)) {
+        remote_parse_sha(line + 5, x->etag);
+    } else if (!strncasecmp(line, "X-Linked-Etag:", 14)) {
+        remote_parse_sha(line + 14, x->linked_etag);
     } else if (!strncasecmp(line, "Content-Range:", 14)) {
-        unsigned long long a, b, t;
-        x->has_cr = sscanf(line + 14, " bytes %llu-%llu/%llu", &a, &b, &t) == 3 ? 1 : -1;
-        if (x->has_cr == 1) x->cr_a = a, x->cr_b = b, x->cr_total = t;
+        x->has_cr = remote_parse_range(line + 14, &x->cr_a, &x->cr_b, &x->cr_total) ? 1 : -1;
     } else if (!strncasecmp(line, "Retry-After:", 12)) {
         char *end;
         double v = strtod(line + 12, &end);
@@ -439,13 +487,18 @@ int remote_fetch(remote *r, remote_req *reqs, int n, df_error *err) {
     return rc;
 }
 
-int remote_file_size(remote *r, const char *file, uint64_t *size, df_error *err) {
+int remote_file_info(remote *r, const char *file, uint64_t *size, char sha256[65], df_error *err) {
     uint8_t one;
     remote_req q = {.file = file, .off = 0, .len = 1, .what = file, .dst = &one};
     xfer x = {.q = &q};
     int rc = remote_run(r, &x, 1, err);
     *size = rc ? 0 : x.cr_total;
+    if (sha256) snprintf(sha256, 65, "%s", rc ? "" : x.linked_etag[0] ? x.linked_etag : x.etag);
     return rc;
+}
+
+int remote_file_size(remote *r, const char *file, uint64_t *size, df_error *err) {
+    return remote_file_info(r, file, size, NULL, err);
 }
 
 int remote_get_file(remote *r, const char *file, char **data, size_t *len, int *missing, df_error *err) {

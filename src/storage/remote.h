@@ -62,6 +62,9 @@ const char *remote_base(const remote *r);
 int remote_fetch(remote *r, remote_req *reqs, int n, df_error *err);
 /* Total size of a file, from the Content-Range of a one-byte request. */
 int remote_file_size(remote *r, const char *file, uint64_t *size, df_error *err);
+/* The same, and the file's SHA-256 as 64 lowercase hex digits when the server publishes it (the hub's LFS
+ * files: X-Linked-Etag on its redirect, or an ETag that is a SHA-256); "" when not. */
+int remote_file_info(remote *r, const char *file, uint64_t *size, char sha256[65], df_error *err);
 /* A whole (small) file: *data NUL-terminated, caller frees. *missing = 1 and DF_OK when the server says 404. */
 int remote_get_file(remote *r, const char *file, char **data, size_t *len, int *missing, df_error *err);
 void remote_get_stats(remote *r, remote_stats *out);

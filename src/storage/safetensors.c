@@ -13,8 +13,10 @@
 
 #include "../common/util.h"
 
-/* The safetensors format caps its header at 100 MB; the largest K3 shard header is well under 2 MB. */
-#define ST_MAX_HEADER (100ull << 20)
+/* No real tensor has a dimension near 2^40 or 2^56 elements; past these, offset arithmetic on shapes
+ * (zero-sized tensors carry any shape without bytes to back it) could overflow int64. */
+#define ST_MAX_DIM (1ll << 40)
+#define ST_MAX_NONZERO_NUMEL (1ull << 56)
 
 typedef struct st_dtype_info {
     const char *name;
@@ -74,15 +76,17 @@ static int st_parse_entry(st_file *f, st_tensor *t, const char *name, json_t *e,
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape must be an array of at most %d integers",
                             p, name, ST_MAX_DIMS), DF_EFORMAT;
     t->ndim = (int)json_array_size(js);
-    uint64_t numel = 1;
+    uint64_t numel = 1, nonzero = 1;
     for (int i = 0; i < t->ndim; i++) {
         int64_t d = st_json_uint(json_array_get(js, (size_t)i));
         if (d < 0)
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape[%d] is not a non-negative integer", p,
                                 name, i), DF_EFORMAT;
         t->shape[i] = d;
-        if (__builtin_mul_overflow(numel, (uint64_t)d, &numel))
-            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape overflows", p, name), DF_EFORMAT;
+        if (d > ST_MAX_DIM || nonzero > ST_MAX_NONZERO_NUMEL / (uint64_t)(d ? d : 1))
+            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shape too large", p, name), DF_EFORMAT;
+        numel *= (uint64_t)d;
+        nonzero *= (uint64_t)(d ? d : 1);
     }
     uint64_t bytes;
     if (__builtin_mul_overflow(numel, (uint64_t)di->size, &bytes))
@@ -105,7 +109,7 @@ static int st_parse_entry(st_file *f, st_tensor *t, const char *name, json_t *e,
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': data_offsets [%llu, %llu) outside the data region "
                             "(%llu bytes; file truncated?)", p, name, (unsigned long long)t->begin,
                             (unsigned long long)t->end, (unsigned long long)data_len), DF_EFORMAT;
-    t->data = f->map + f->data_start + t->begin;
+    t->data = f->map ? f->map + f->data_start + t->begin : NULL;
     return DF_OK;
 }
 
@@ -134,9 +138,9 @@ static int st_check_overlaps(st_file *f, df_error *err) {
     return rc;
 }
 
-static int st_parse_header(st_file *f, df_error *err) {
+static int st_parse_header(st_file *f, const char *json, df_error *err) {
     json_error_t je;
-    json_t *root = json_loadb((const char *)f->map + 8, (size_t)f->header_len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(json, (size_t)f->header_len, JSON_REJECT_DUPLICATES, &je);
     if (!root)
         return df_error_set(err, DF_EFORMAT, "%s: bad JSON in header: %s (line %d, column %d)", f->path, je.text,
                             je.line, je.column), DF_EFORMAT;
@@ -172,16 +176,10 @@ static int st_parse_header(st_file *f, df_error *err) {
 int st_file_open(st_file *f, const char *path, df_error *err) {
     memset(f, 0, sizeof *f);
     f->path = xstrdup(path);
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno));
-        st_file_close(f);
-        return DF_EIO;
-    }
+    int fd = df_open_regular(path, O_RDONLY, err);
     struct stat sb;
-    if (fstat(fd, &sb) != 0 || !S_ISREG(sb.st_mode)) {
-        df_error_set(err, DF_EIO, "%s: not a readable regular file", path);
-        close(fd);
+    if (fd < 0 || fstat(fd, &sb) != 0) {
+        if (fd >= 0) df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno)), close(fd);
         st_file_close(f);
         return DF_EIO;
     }
@@ -211,7 +209,25 @@ int st_file_open(st_file *f, const char *path, df_error *err) {
     }
     f->header_len = hl;
     f->data_start = 8 + hl;
-    int rc = st_parse_header(f, err);
+    int rc = st_parse_header(f, (const char *)f->map + 8, err);
+    if (rc) st_file_close(f);
+    return rc;
+}
+
+int st_header_parse(st_file *f, const char *path, const char *json, uint64_t header_len, uint64_t file_size,
+                    df_error *err) {
+    memset(f, 0, sizeof *f);
+    f->path = xstrdup(path);
+    if (header_len > ST_MAX_HEADER || file_size < 8 || header_len > file_size - 8) {
+        df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit a file of %llu bytes", path,
+                     (unsigned long long)header_len, (unsigned long long)file_size);
+        st_file_close(f);
+        return DF_EFORMAT;
+    }
+    f->size = (size_t)file_size;
+    f->header_len = header_len;
+    f->data_start = 8 + header_len;
+    int rc = st_parse_header(f, json, err);
     if (rc) st_file_close(f);
     return rc;
 }

@@ -13,6 +13,8 @@
 #include "../common/tensor.h"
 
 #define ST_MAX_DIMS 8
+/* The safetensors format caps its header at 100 MB; the largest K3 shard header is well under 2 MB. */
+#define ST_MAX_HEADER (100ull << 20)
 
 typedef struct st_tensor {
     const char *name;        /* owned by the file */
@@ -39,6 +41,10 @@ typedef struct st_file {
 
 /* Maps and validates the file; on failure fills err naming the file (and the tensor at fault). */
 int st_file_open(st_file *f, const char *path, df_error *err);
+/* The same checks on a header held in memory (json: header_len bytes, read from a remote shard of
+ * file_size bytes): f gets no mapping and its tensors no data pointers. */
+int st_header_parse(st_file *f, const char *path, const char *json, uint64_t header_len, uint64_t file_size,
+                    df_error *err);
 void st_file_close(st_file *f);
 /* The tensor of that exact name, or NULL. */
 const st_tensor *st_file_find(const st_file *f, const char *name);

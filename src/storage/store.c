@@ -216,11 +216,8 @@ static int store_shard_name_ok(const char *f) {
 }
 
 static int store_load_index(df_store *st, const char *index_path, store_refs *refs, df_error *err) {
-    json_error_t je;
-    json_t *root = json_load_file(index_path, JSON_REJECT_DUPLICATES, &je);
-    if (!root)
-        return df_error_set(err, DF_EFORMAT, "%s: bad JSON: %s (line %d, column %d)", index_path, je.text, je.line,
-                            je.column), DF_EFORMAT;
+    json_t *root = df_json_load_file(index_path, JSON_REJECT_DUPLICATES, err);
+    if (!root) return err->code;
     json_t *wm = json_object_get(root, "weight_map");
     int rc = DF_OK;
     if (!json_is_object(wm)) {
@@ -310,7 +307,7 @@ static int store_collect(df_store *st, store_refs *refs, df_error *err) {
 static int store_load_config(df_store *st, int *n_layers, df_error *err) {
     char *path = df_path_join(st->dir, "config.json");
     size_t len;
-    st->config_text = df_read_file(path, &len, err);
+    st->config_text = df_read_file_max(path, DF_JSON_FILE_MAX, &len, err);
     if (!st->config_text) {
         free(path);
         return DF_EIO;
@@ -1109,7 +1106,7 @@ char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error
     if (access(path, F_OK) != 0)
         df_error_set(err, DF_OK, "%s: no such file in the model folder", path);
     else
-        text = df_read_file(path, len, err);
+        text = df_read_file_max(path, DF_READ_FILE_MAX, len, err);
     free(path);
     return text;
 }

@@ -185,7 +185,7 @@ static int tok_parse_ranks(tokenizer *t, const char *path, const char *text, siz
 int tok_load_ranks(tokenizer **out, const char *path, df_error *err) {
     *out = NULL;
     size_t len;
-    char *text = df_read_file(path, &len, err);
+    char *text = df_read_file_max(path, DF_READ_FILE_MAX, &len, err);
     if (!text) return err ? err->code : DF_EIO;
     tokenizer *t = xcalloc(1, sizeof *t);
     int rc = tok_parse_ranks(t, path, text, len, err);

@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "tokenizer/tok_internal.h"
@@ -38,12 +39,8 @@ int tokenizer_load_tiktoken(tokenizer **out, const char *path, const char *patte
 
 /* added_tokens_decoder: {"163584": {"content": "[BOS]", ...}, ...} */
 static int tok_load_config(tokenizer *t, const char *path, df_error *err) {
-    json_error_t je;
-    json_t *root = json_load_file(path, 0, &je);
-    if (!root) {
-        df_error_set(err, DF_EFORMAT, "%s:%d: %s", path, je.line, je.text);
-        return DF_EFORMAT;
-    }
+    json_t *root = df_json_load_file(path, 0, err);
+    if (!root) return err && err->code ? err->code : DF_EFORMAT;
     int rc = DF_OK;
     json_t *dec = json_object_get(root, "added_tokens_decoder");
     if (dec && !json_is_object(dec)) {
@@ -75,11 +72,7 @@ int tokenizer_load_dir(tokenizer **out, const char *dir, df_error *err) {
     tokenizer *t = NULL;
     int rc = tok_load_ranks(&t, rpath, err);
     if (rc == DF_OK) rc = tok_pretok_compile(t, TOK_PATTERN_KIMI, err);
-    FILE *f = rc == DF_OK ? fopen(cpath, "rb") : NULL;
-    if (f) {
-        fclose(f);
-        rc = tok_load_config(t, cpath, err);
-    }
+    if (rc == DF_OK && access(cpath, F_OK) == 0) rc = tok_load_config(t, cpath, err);
     /* The 256 ids after the base vocabulary are special; unnamed ones keep a placeholder name. */
     for (int32_t id = t ? t->n_base : 0; rc == DF_OK && t && id < t->n_base + 256; id++) {
         size_t l;

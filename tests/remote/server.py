@@ -13,10 +13,15 @@ Control endpoints (not counted):
                      reset (half the body, then a TCP reset), 500, 503 (Retry-After: arg when given),
                      200 (whole file instead of 206), badrange (Content-Range off by one), short (a
                      Content-Length and body half as long), stall (headers, then silence for arg s, then a reset),
-                     404, slow (answers normally after arg s)
+                     404, slow (answers normally after arg s), crange (a 206 whose Content-Range
+                     header is arg verbatim: a wrong total, a negative or non-numeric value)
+                     etag (the ETag is arg instead of the file's SHA-256)
 --redirect answers every file with a 302 to /cdn/{file}?sig=1 (as the hub does to its CDN).
+*.safetensors files carry their SHA-256 as a quoted ETag (and X-Linked-Etag on the redirect), as the hub's
+LFS files do.
 Only standard-library modules: the test machines have no pip packages."""
 import argparse
+import hashlib
 import json
 import os
 import socket
@@ -34,6 +39,7 @@ class State:
         self.redirect = redirect
         self.lock = threading.Lock()
         self.faults = []          # [mode, count, match, arg]
+        self.shas = {}            # path -> (mtime, sha256 hex)
         self.reset()
 
     def reset(self):
@@ -42,6 +48,21 @@ class State:
         self.range_requests = 0
         self.bytes = 0
         self.paths = {}
+
+    def sha(self, full):
+        if not full.endswith(".safetensors"):
+            return None
+        m = os.path.getmtime(full)
+        with self.lock:
+            if full in self.shas and self.shas[full][0] == m:
+                return self.shas[full][1]
+        h = hashlib.sha256()
+        with open(full, "rb") as f:
+            for b in iter(lambda: f.read(1 << 20), b""):
+                h.update(b)
+        with self.lock:
+            self.shas[full] = (m, h.hexdigest())
+        return h.hexdigest()
 
     def take_fault(self, path):
         with self.lock:
@@ -130,12 +151,16 @@ class Handler(BaseHTTPRequestHandler):
             st.paths[url.path] = st.paths.get(url.path, 0) + 1
         rel, full = self.file_for(url.path)
         if st.redirect and not url.path.startswith("/cdn/") and rel is not None:
+            sha = st.sha(full) if full else None
             self.send_response(302)
             self.send_header("Location", "/cdn/%s?sig=1" % rel)
+            if sha:
+                self.send_header("X-Linked-Etag", '"%s"' % sha)
             self.send_header("Content-Length", "0")
             self.end_headers()
             return
         mode, arg = st.take_fault(url.path) if rng else (None, None)
+        sha = arg if mode == "etag" else st.sha(full) if full else None
         if full is None or mode == "404":
             return self.error(404)
         size = os.path.getsize(full)
@@ -159,9 +184,14 @@ class Handler(BaseHTTPRequestHandler):
         partial = rng is not None and mode != "200"
         self.send_response(206 if partial else 200)
         self.send_header("Accept-Ranges", "bytes")
+        if sha and not st.redirect:
+            self.send_header("ETag", '"%s"' % sha)
         if partial:
             shift = 1 if mode == "badrange" else 0
-            self.send_header("Content-Range", "bytes %d-%d/%d" % (start + shift, end + shift, size))
+            if mode == "crange":
+                self.send_header("Content-Range", arg)
+            else:
+                self.send_header("Content-Range", "bytes %d-%d/%d" % (start + shift, end + shift, size))
         body_n = n // 2 if mode == "short" else n
         self.send_header("Content-Length", str(body_n))
         self.end_headers()

@@ -176,7 +176,7 @@ static void test_install(const server *s, const uint8_t *file, size_t n, const c
     for (int i = 0; i < 2; i++) memset(copy + holes[i].off, 0, holes[i].len);
     CHECK(dc_write_atomic(shard, 0, copy, n, &err) == DF_OK, "write sparse shard");
     free(copy);
-    dc_shard sh = {xstrdup("model.safetensors"), n, DC_SPINE, 2, xmalloc(sizeof holes)};
+    dc_shard sh = {.name = xstrdup("model.safetensors"), .size = n, .state = DC_SPINE, .n_holes = 2, .holes = xmalloc(sizeof holes)};
     memcpy(sh.holes, holes, sizeof holes);
     dc_manifest m = {xstrdup("test"), 1, &sh};
     CHECK(dc_manifest_save(dir, &m, &err) == DF_OK, "manifest saved");

@@ -1,0 +1,43 @@
+#!/usr/bin/env bash
+# test_fuzz_parsers.sh — libFuzzer (clang -fsanitize=fuzzer, ASan+UBSan) on the parsers that take outside
+# input besides the server's requests: safetensors headers (as fetch gets them from a remote), config.json,
+# the index's weight_map, and the chat renderer with its output splitter. Each runs FUZZ_SECONDS (default 6)
+# from its committed seed corpus (tests/fuzz/corpus-NAME: the fixtures' real files and the reproductions of
+# past crashes); a binary is rebuilt only when a source is newer. New inputs found stay in build/fuzz.
+set -u
+cd "$(dirname "$0")/../.."
+secs=${FUZZ_SECONDS:-6}
+out=build/fuzz
+mkdir -p "$out"
+common="src/common/util.c src/common/json_file.c src/common/tensor.c"
+storage="src/storage/safetensors.c src/storage/fetch_plan.c src/storage/remote.c"
+declare -A SRCS=(
+    [safetensors]="$storage $common"
+    [config]="src/model/config.c $common"
+    [index]="$storage $common"
+    [chat]="$(echo src/tokenizer/*.c) $common"
+)
+CFL="-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(pkg-config --cflags jansson libcurl libpcre2-8)"
+LIBS="$(pkg-config --libs jansson libcurl libpcre2-8) -lm -pthread"
+for name in safetensors config index chat; do
+    bin=$out/fuzz_$name
+    srcs="tests/fuzz/fuzz_$name.c ${SRCS[$name]}"
+    newer=$( [ -x "$bin" ] && find $srcs src/*/*.h include -newer "$bin" 2>/dev/null | head -1 || echo build)
+    if [ -n "$newer" ] && ! clang $CFL -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined \
+            -o "$bin" $srcs $LIBS >"$out/build_$name.log" 2>&1; then
+        cat "$out/build_$name.log"
+        echo "not ok - fuzz_$name builds with clang -fsanitize=fuzzer"
+        continue
+    fi
+    mkdir -p "$out/corpus-$name"
+    cp tests/fuzz/corpus-$name/* "$out/corpus-$name/"
+    log=$out/fuzz_$name.log
+    if ASAN_OPTIONS=detect_leaks=1 "$bin" -max_total_time="$secs" -max_len=8192 -timeout=5 -rss_limit_mb=2048 \
+            -print_final_stats=1 -artifact_prefix="$out/" "$out/corpus-$name" >"$log" 2>&1; then
+        runs=$(grep -a -o 'stat::number_of_executed_units: *[0-9]*' "$log" | grep -o '[0-9]*$')
+        echo "ok - fuzz_$name: ${secs}s, ${runs:-?} inputs, no crash, leak or hang"
+    else
+        grep -a -A30 "ERROR\|runtime error\|deadly signal\|timeout" "$log" | head -40
+        echo "not ok - fuzz_$name found a failure (see $log; the input is saved there as crash-*/timeout-*)"
+    fi
+done
