@@ -168,7 +168,12 @@ static int header_check(const df_engine *e, const session_header *h, uint64_t fi
         return DF_EFORMAT;
     }
     uint64_t want = payload_bytes(e, h->pos, (int)h->flags);
-    if (h->payload != want || file_size != sizeof *h + want) {
+    if (h->payload != want) {
+        df_error_set(err, DF_EFORMAT, "%s: bad header (%llu payload bytes for %lld positions, expected %llu)", path,
+                     (unsigned long long)h->payload, (long long)h->pos, (unsigned long long)want);
+        return DF_EFORMAT;
+    }
+    if (file_size != sizeof *h + want) {
         df_error_set(err, DF_EFORMAT, "%s: %llu bytes, expected %llu for %lld positions (truncated or damaged)",
                      path, (unsigned long long)file_size, (unsigned long long)(sizeof *h + want),
                      (long long)h->pos);
