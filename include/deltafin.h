@@ -108,9 +108,11 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
  * evaluation had at most the session's rollback rows (see below): the KDA state is rebuilt from what that
  * evaluation kept; otherwise the kept history is evaluated again (df_stats counts both). */
 int df_session_truncate(df_session *s, int64_t pos, df_error *err);
-/* Evaluations of at most rows tokens keep what a weight-free truncate needs (default 64; 0 = never, and
- * the memory it held is freed). Per KDA layer that is a copy of the recurrent and conv state plus
- * 6 * heads * head_dim + heads floats per row. */
+/* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
+ * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the
+ * recurrent and conv state (made at the start of each such evaluation) plus 6 * heads * head_dim + heads
+ * floats per row, held at the size of the largest such evaluation. A failed evaluation that kept it leaves
+ * the session as it was instead of resetting it. */
 void df_session_set_rollback_rows(df_session *s, int rows);
 /* Bytes the session holds (states, caches, rollback record, history): for memory budgets. */
 uint64_t df_session_memory(const df_session *s);
@@ -128,8 +130,8 @@ int df_session_load(df_session *s, const char *path, df_error *err);
  * Each session's logits equal its logits evaluated alone up to float rounding: the kernels sum in an order
  * that depends on the number of rows of a product (AMX from 4 rows, 1-2 vs more rows in the AVX-512
  * MXFP4 tile), giving differences of the order of 1e-6; the scalar kernels are bit-identical. On failure
- * every session of the batch is left as it was before df_batch_eval or, where it cannot be put back (more
- * rows than its rollback rows), reset. The tokens and logits buffers must stay valid until df_batch_eval. */
+ * every session of the batch is left as it was before df_batch_eval or, where it cannot be put back (a row
+ * count outside its rollback record's range, see below), reset. The tokens and logits buffers must stay valid until df_batch_eval. */
 typedef struct df_batch df_batch;
 int df_batch_init(df_batch **out, df_engine *eng, df_error *err);
 void df_batch_free(df_batch *b);

@@ -18,6 +18,8 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 /* `deltafin bench` other than `bench kernels` (bench_model.c); argv[0] is "bench". */
 int bench_model(int argc, char **argv);
+/* `deltafin bench rollback` (bench_rollback.c); argv[0] is "rollback". */
+int bench_rollback(int argc, char **argv);
 
 /* Bundled default model folder: $DELTAFIN_MODEL, else models/default (relative to the working folder). */
 const char *cli_default_model(void);

@@ -494,7 +494,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
     if (!rc && want_logits) rc = head_forward(m, h, seg, n_seg, err);
     for (int j = 0; j < n_seg; j++) {
         df_state *s = seg[j].s;
-        int recorded = seg[j].T <= s->rec_max;
+        int recorded = state_records(s, seg[j].T);
         if (!rc) {
             s->rec_valid = recorded;
             s->rec_T = seg[j].T;

@@ -37,7 +37,7 @@ typedef struct df_layer_state {
 } df_layer_state;
 
 /* Evaluations of up to this many rows per session keep a rollback record by default (state_new). */
-#define MODEL_RECORD_ROWS 64
+#define MODEL_RECORD_ROWS 32
 
 typedef struct df_state {
     int64_t pos;               /* tokens consumed */
@@ -45,13 +45,17 @@ typedef struct df_state {
     void *step_ctx;
     int n_layers;
     df_layer_state *layers;
-    /* Rollback: an evaluation of at most rec_max rows keeps what state_rewind needs to return to any
-     * position in [rec_pos0, pos] without the weights. rec_valid: the record covers the last evaluation. */
+    /* Rollback: an evaluation of 2 to rec_max rows (state_records) keeps what state_rewind needs to return
+     * to any position in [rec_pos0, pos] without the weights. rec_valid: the record covers the last
+     * evaluation. One-row passes keep none: plain decoding never goes back and should not pay for the copy
+     * of the KDA state a record starts with. */
     int rec_max;
     int rec_valid;
     int rec_T;                 /* rows of the recorded evaluation */
     int64_t rec_pos0;
 } df_state;
+
+static inline int state_records(const df_state *s, int T) { return T >= 2 && T <= s->rec_max; }
 
 /* One session's rows in a forward pass: the next T rows of the batch belong to state s. logits: [T, vocab]
  * if all_rows, else the last row only; NULL skips. restored (out): after a failed pass, 1 if the state was
