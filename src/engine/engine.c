@@ -196,14 +196,12 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
     return s->hist;
 }
 
-/* Rows per pass when a prompt is evaluated in chunks: as many as the working-buffer share of the memory
- * budget (a sixteenth, 64 MiB .. 1 GiB, as storage reserves it) holds at a generous 64 fp32 activations of
- * width d per row in flight. */
+/* Rows per pass when a prompt is evaluated in chunks: as many as the memory budget's share for working
+ * buffers (storage's reserve) holds at a generous 64 fp32 activations of width d per row in flight. */
 static int session_chunk_rows(const df_session *s) {
     store_stats ss;
     store_get_stats(s->eng->store, &ss);
-    uint64_t reserve = DF_MIN(DF_MAX(ss.mem_budget / 16, 64ull << 20), 1ull << 30);
-    uint64_t rows = reserve / ((uint64_t)64 * s->eng->info.hidden_size * sizeof(float));
+    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * s->eng->info.hidden_size * sizeof(float));
     return (int)DF_MIN(DF_MAX(rows, 16), 4096);
 }
 
@@ -230,8 +228,8 @@ int df_session_truncate(df_session *s, int64_t pos, df_error *err) {
         s->eng->rollback_replays++;
         return DF_OK;
     }
-    /* No record of the last evaluation (more rows than it keeps): rebuilt from the history, reading the
-     * weights again. */
+    /* No record of the last evaluation (one row, or more than the session keeps a record for): rebuilt from
+     * the history, reading the weights again. */
     s->eng->rollback_reevals++;
     int32_t *keep = xmalloc((size_t)(pos ? pos : 1) * sizeof(int32_t));
     memcpy(keep, s->hist, (size_t)pos * sizeof(int32_t));

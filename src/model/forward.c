@@ -174,10 +174,10 @@ void state_copy(const df_model *m, df_state *dst, const df_state *src) {
     dst->rec_pos0 = src->rec_pos0;
 }
 
-int state_rewind(const df_model *m, df_state *s, int64_t pos) {
+int state_rewind(df_model *m, df_state *s, int64_t pos) {
     if (!s->rec_valid || pos < s->rec_pos0 || pos > s->pos) return -1;
     for (int i = 0; i < s->n_layers; i++)
-        if (s->layers[i].S) kda_rewind((df_model *)m, &s->layers[i], s->rec_T, (int)(pos - s->rec_pos0));
+        if (s->layers[i].S) kda_rewind(m, &s->layers[i], s->rec_T, (int)(pos - s->rec_pos0));
     s->pos = pos;
     return 0;
 }
@@ -436,8 +436,8 @@ static int pass_step(const pass_segs *ps, int layer, int n_layers, df_error *err
 }
 
 static int pass_check(const df_config *c, const model_seg *seg, int n_seg, df_error *err) {
-    for (int j = 0; j < n_seg; j++) {
-        if (seg[j].T <= 0) {
+    for (int j = 0; j < n_seg || !n_seg; j++) {
+        if (!n_seg || seg[j].T <= 0) {
             df_error_set(err, DF_EINVAL, "no tokens to evaluate");
             return DF_EINVAL;
         }
@@ -452,7 +452,7 @@ static int pass_check(const df_config *c, const model_seg *seg, int n_seg, df_er
                 return DF_EINVAL;
             }
     }
-    return n_seg > 0 ? DF_OK : (df_error_set(err, DF_EINVAL, "no tokens to evaluate"), DF_EINVAL);
+    return DF_OK;
 }
 
 int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err) {

@@ -74,7 +74,7 @@ void state_reset(const df_model *m, df_state *s);
 void state_copy(const df_model *m, df_state *dst, const df_state *src);
 /* Returns the state to pos in [rec_pos0, s->pos] by replaying the KDA recurrence from the record (no weight
  * reads; the MLA caches are cut back by position). Fails (-1) without a valid record covering pos. */
-int state_rewind(const df_model *m, df_state *s, int64_t pos);
+int state_rewind(df_model *m, df_state *s, int64_t pos);
 /* Rows up to which an evaluation keeps the rollback record (0: none, and the record's memory is freed). */
 void state_set_record_rows(df_state *s, int rows);
 /* Bytes s holds: KDA states, MLA caches (allocated), rollback record. */
