@@ -283,7 +283,7 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
     state_copy(&src->eng->model, dst->state, src->state);
     int64_t n = src->state->pos;
     session_hist_reserve(dst, n ? n : 1);
-    memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
+    if (n) memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
     dst->last_start = src->last_start;
     dst->last_valid = src->last_valid;
     if (src->last_valid) {

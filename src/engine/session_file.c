@@ -94,7 +94,7 @@ int df_session_save(const df_session *s, const char *path, df_error *err) {
                         0};
     memcpy(h.magic, session_magic, sizeof h.magic);
     uint8_t *payload = xmalloc(h.payload ? h.payload : 1), *p = payload;
-    memcpy(p, s->hist, (size_t)pos * sizeof(int32_t));
+    if (pos) memcpy(p, s->hist, (size_t)pos * sizeof(int32_t));
     p += pos * sizeof(int32_t);
     if (s->last_valid) {
         memcpy(p, s->last_logits, (size_t)e->info.vocab_size * sizeof(float));

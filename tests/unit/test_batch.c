@@ -4,7 +4,8 @@
  * kernels (whose sums never depend on how many rows a product has) bit for bit; with the best kernels of
  * this CPU within BATCH_TOL of the logits' scale (their MXFP4 summation order depends on the row count: AMX
  * from 4 rows, the AVX-512 tile's 1-2 row form; the other dtypes are bit-identical there too). Also: a
- * failed batch leaves its sessions as they were. */
+ * failed batch leaves its sessions as they were, and a batch reads the spine once and each expert of a
+ * layer's union once. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -171,6 +172,67 @@ static void check_failures(df_engine *eng, const char *name) {
     free(want);
 }
 
+/* What a batch reads, with every layer's spine streamed and a one-slot expert cache: the spine once per pass
+ * (against once per session evaluated alone), and each expert of a
+ * layer's union once (requests = the union per layer; no more than the sessions alone ask for). */
+static void check_reads(const char *name) {
+    char dir[512];
+    snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
+    df_engine_opts o;
+    df_engine_opts_default(&o);
+    o.model_dir = dir;
+    o.n_threads = 2;
+    o.spine_stream = 1;
+    o.expert_cache_slots = 1;
+    o.buffered_io = 1;
+    df_engine *eng = NULL;
+    df_error err = {0};
+    if (df_engine_open(&eng, &o, &err)) {
+        CHECK(0, "%s opens streamed: %s", name, err.msg);
+        return;
+    }
+    int V = df_engine_info(eng)->vocab_size;
+    int32_t ids[N_SESS][64];
+    df_session *s[N_SESS], *c = NULL;
+    df_session_init(&c, eng, &err);
+    for (int i = 0; i < N_SESS; i++) {
+        make_ids(ids[i], 64, V, i);
+        df_session_init(&s[i], eng, &err);
+        if (hist_len[i]) df_session_eval(s[i], ids[i], hist_len[i], NULL, 0, &err);
+    }
+    df_stats a, b;
+    uint64_t alone_spine = 0, alone_req = 0;
+    int rc = DF_OK;
+    for (int i = 0; !rc && i < N_SESS; i++) {
+        rc = df_session_copy(c, s[i], &err);
+        df_engine_stats(eng, &a);
+        if (!rc) rc = df_session_eval(c, ids[i] + hist_len[i], rows1[i], NULL, 0, &err);
+        df_engine_stats(eng, &b);
+        alone_spine += b.spine_disk_bytes - a.spine_disk_bytes;
+        alone_req += b.expert_requests - a.expert_requests;
+    }
+    df_batch *bt = NULL;
+    df_batch_init(&bt, eng, &err);
+    for (int i = 0; i < N_SESS; i++) df_batch_add(bt, s[i], ids[i] + hist_len[i], rows1[i], NULL, 0, &err);
+    df_engine_stats(eng, &a);
+    if (!rc) rc = df_batch_eval(bt, &err);
+    df_engine_stats(eng, &b);
+    uint64_t spine = b.spine_disk_bytes - a.spine_disk_bytes, req = b.expert_requests - a.expert_requests;
+    uint64_t loads = b.expert_loads - a.expert_loads;
+    /* The streamer reads ahead asynchronously, so a pass's count varies by a layer or so: a batch reads about
+     * one pass's worth, the sessions alone N (here 4) times that. */
+    CHECK(!rc && spine > 0 && spine * 2 < alone_spine,
+          "%s: a batch of %d sessions reads the spine once (%llu bytes; alone %llu)", name, N_SESS,
+          (unsigned long long)spine, (unsigned long long)alone_spine);
+    CHECK(!rc && req > 0 && req <= alone_req && loads <= req,
+          "%s: the batch asks for each expert of a layer's union once (%llu requests, %llu reads; alone %llu)",
+          name, (unsigned long long)req, (unsigned long long)loads, (unsigned long long)alone_req);
+    df_batch_free(bt);
+    for (int i = 0; i < N_SESS; i++) df_session_free(s[i]);
+    df_session_free(c);
+    df_engine_free(eng);
+}
+
 int main(void) {
     DIR *d = opendir("tests/fixtures");
     CHECK(d != NULL, "tests/fixtures is readable");
@@ -203,5 +265,7 @@ int main(void) {
         df_engine_free(eng);
         free(names[f]);
     }
+    check_reads("kl-mxfp4");
+    check_reads("k3-tiny");
     TEST_EXIT();
 }
