@@ -518,12 +518,6 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
     return rc;
 }
 
-int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float *logits, int all_rows,
-                  df_error *err) {
-    model_seg seg = {s, T, logits, all_rows, 0};
-    return model_forward_batch(m, &seg, 1, tokens, err);
-}
-
 /* ---- whole-model check ----------------------------------------------------------------------------- */
 
 static int check_layer(df_fwd *f) {

@@ -87,11 +87,9 @@ void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *
 
 /* One forward pass over the rows of n_seg sessions (tokens: their rows concatenated, in seg order; each
  * state appears once): projections, norms, routing and experts run over all rows together, the KDA
- * recurrence and MLA attention per session on its own state. Appends to every state. */
+ * recurrence and MLA attention per session on its own state. Appends to every state. A single session's
+ * evaluation is the one-segment case. */
 int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err);
-/* The one-session case: T tokens appended to s. */
-int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float *logits, int all_rows,
-                  df_error *err);
 /* Checks every layer's tensors against the config (names, shapes, dtypes). */
 int model_check(df_model *m, df_error *err);
 

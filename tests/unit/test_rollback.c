@@ -136,7 +136,8 @@ static void run_fixture(const char *name, const char *isa) {
         CHECK(all_same && worst == 0.0f, "%s (scalar): rolled-back state byte-identical to never having seen the "
               "rejected tokens, continuation bit-identical", name);
     else
-        CHECK(worst <= 1e-6f, "%s (best kernels): continuation after rollback within 1e-6 relative (%g)", name, worst);
+        CHECK(worst <= 1e-6f, "%s (best kernels): continuation after rollback within 1e-6 relative (%g)", name,
+              worst);
     df_engine_free(eng);
 }
 
