@@ -22,15 +22,17 @@ typedef struct {
     uint64_t disk_bytes;            /* weight bytes per truncate */
 } rollback_cost;
 
-/* rounds verify passes each followed by a truncate; sums the truncates' time and weight reads. */
+/* rounds times: the prompt, a verify pass of rows tokens, back to prompt + accept; sums the truncates' time
+ * and weight reads and the verify passes' time. */
 static int measure(df_engine *eng, df_session *s, const int32_t *ids, int prompt, int rows, int accept, int rounds,
                    rollback_cost *out, df_error *err) {
     memset(out, 0, sizeof *out);
-    df_session_reset(s);
-    int rc = df_session_eval(s, ids, prompt, NULL, 0, err);
+    int rc = DF_OK;
     for (int r = 0; !rc && r < rounds; r++) {
+        df_session_reset(s);
+        rc = df_session_eval(s, ids, prompt, NULL, 0, err);
         double t0 = df_now();
-        rc = df_session_eval(s, ids + prompt + accept, rows, NULL, 0, err);
+        if (!rc) rc = df_session_eval(s, ids + prompt, rows, NULL, 0, err);
         out->pass_seconds += df_now() - t0;
         df_stats a, b;
         df_engine_stats(eng, &a);
@@ -83,7 +85,7 @@ int bench_rollback(int argc, char **argv) {
         return 1;
     }
     const df_model_info *info = df_engine_info(eng);
-    int n = prompt + accept + rows;
+    int n = prompt + rows;
     if (n > info->max_context) {
         fprintf(stderr, "deltafin bench rollback: %d tokens exceed the model's context of %lld\n", n,
                 (long long)info->max_context);
