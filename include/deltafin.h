@@ -127,10 +127,10 @@ int df_session_load(df_session *s, const char *path, df_error *err);
 /* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
  * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.
  * A session appears at most once per batch. logits: [n, vocab] when all_rows, else [vocab] (may be NULL).
- * Each session's logits equal its logits evaluated alone up to float rounding: the MXFP4 kernels sum in
- * an order that depends on the number of rows of a product (AMX from 4 rows, 1-2 vs more rows in the
- * AVX-512 tile), giving differences below 1e-6 of the logits' scale; the scalar kernels, and the others for
- * every other dtype, are bit-identical. On failure every session of the batch is left as it was before
+ * Each session's logits equal its logits evaluated alone up to float rounding: the AMX MXFP4 kernel, used
+ * for products of 4 rows or more, sums in another order than the AVX-512 one used below that, giving
+ * differences below 1e-6 of the logits' scale; every other kernel (isa "avx512", "avx2", "scalar") is
+ * bit-identical whatever the row count. On failure every session of the batch is left as it was before
  * df_batch_eval or, where it cannot be put back (a row count outside its rollback record's range, see
  * df_session_set_rollback_rows), reset. tokens and logits must stay valid until df_batch_eval. */
 typedef struct df_batch df_batch;

@@ -1,11 +1,10 @@
 /* test_batch.c — several sessions in one forward pass give each session the logits it gets evaluated alone,
  * on every fixture: sessions at different positions, a prompt slice beside decode rows and verify rows,
- * entries with and without logits, then a second batch on the states the first one left. With the scalar
- * kernels (whose sums never depend on how many rows a product has) bit for bit; with the best kernels of
- * this CPU within BATCH_TOL of the logits' scale (their MXFP4 summation order depends on the row count: AMX
- * from 4 rows, the AVX-512 tile's 1-2 row form; the other dtypes are bit-identical there too). Also: a
- * failed batch leaves its sessions as they were, and a batch reads the spine once and each expert of a
- * layer's union once. */
+ * entries with and without logits, then a second batch on the states the first one left. Bit for bit with
+ * the kernels whose sums never depend on how many rows a product has (scalar, and AVX-512 / AVX2 where this
+ * CPU runs them); with the best kernels of this CPU within BATCH_TOL of the logits' scale (AMX takes MXFP4
+ * products from 4 rows and sums in another order). Also: a failed batch leaves its sessions as they were,
+ * and a batch reads the spine once and each expert of a layer's union once. */
 #include <dirent.h>
 #include <math.h>
 #include <stdio.h>
@@ -258,6 +257,23 @@ int main(void) {
               diff);
         if (eng) check_failures(eng, names[f]);
         df_engine_free(eng);
+        static const char *const exact_isas[] = {"avx512", "avx2"};
+        for (int k = 0; k < 2; k++) {
+            df_engine_opts o;
+            df_engine_opts_default(&o);
+            o.model_dir = dir;
+            o.isa = exact_isas[k];
+            o.n_threads = 2;
+            df_error err = {0};
+            if (df_engine_open(&eng, &o, &err)) {
+                printf("# %s: isa %s not available here\n", names[f], exact_isas[k]);
+                continue;
+            }
+            diff = run_case(eng, &identical);
+            CHECK(identical, "%s, %s kernels: batched logits bit-identical to alone (max diff %g)", names[f],
+                  exact_isas[k], diff);
+            df_engine_free(eng);
+        }
         eng = open_engine(dir, NULL);
         diff = eng ? run_case(eng, &identical) : INFINITY;
         CHECK(eng && diff <= BATCH_TOL, "%s, best kernels: batched logits within %g relative of alone (max %g%s)",
