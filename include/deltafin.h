@@ -5,7 +5,12 @@
  * get logits back; everything above that (tokenizer, chat formats, sampling, server) is built on this.
  *
  * Errors: every call that can fail returns DF_OK (0) or a negative df_status and fills a df_error with a
- * message naming the file/tensor/field at fault. Only programming errors and out-of-memory abort. */
+ * message naming the file/tensor/field at fault. Only programming errors and out-of-memory abort.
+ *
+ * Threading: one evaluation per engine at a time. Calls that evaluate (df_session_eval, _sync, _truncate,
+ * df_batch_eval) or change a session of an engine must not run concurrently with each other on that
+ * engine; the engine parallelises each evaluation internally. Several sessions are evaluated together
+ * through one df_batch, not from several threads. */
 #ifndef DELTAFIN_H
 #define DELTAFIN_H
 
@@ -117,17 +122,39 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n);
  * skips). *reused (may be NULL) gets how many leading tokens were not evaluated again. */
 int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err);
 /* Returns the session to position pos, which lies between the start of its last evaluation and now, as if
- * the tokens after pos had never been evaluated (speculation rollback). */
+ * the tokens after pos had never been evaluated (speculation rollback). Without weight reads when the last
+ * evaluation had at most the session's rollback rows (see below): the KDA state is rebuilt from what that
+ * evaluation kept; otherwise the kept history is evaluated again (df_stats counts both). */
 int df_session_truncate(df_session *s, int64_t pos, df_error *err);
 /* Bytes a session of this engine holds once it has consumed n_tokens (recurrent state, convolution tails,
  * the attention cache as it grows, its token history and last logits): what a server reserves per
  * conversation so that sessions count in the memory budget. */
 uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
+/* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
+ * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the
+ * recurrent and conv state (made at the start of each such evaluation) plus 6 * heads * head_dim + heads
+ * floats per row, held at the size of the largest such evaluation. A failed evaluation that kept it leaves
+ * the session as it was instead of resetting it. */
+void df_session_set_rollback_rows(df_session *s, int rows);
+/* Bytes the session holds (states, caches, rollback record, history): for memory budgets. */
+uint64_t df_session_memory(const df_session *s);
+/* Saves the session's state (token history, KDA recurrent/conv states, MLA caches, last logits) to path,
+ * atomically (a temporary file, fsync, rename). The file is tied to the engine's model: its header carries
+ * a fingerprint of the model's configuration and shapes, and a checksum. */
+int df_session_save(const df_session *s, const char *path, df_error *err);
+/* Replaces the session's state with the one saved at path, after checking all of it (format, version,
+ * model fingerprint, sizes, checksum); on any error the session is unchanged. */
+int df_session_load(df_session *s, const char *path, df_error *err);
 
 /* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
  * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.
  * A session appears at most once per batch. logits: [n, vocab] when all_rows, else [vocab] (may be NULL).
- * On failure every session of the batch is left as it was before df_batch_eval or reset (see its status). */
+ * Each session's logits equal its logits evaluated alone up to float rounding: the AMX MXFP4 kernel, used
+ * for products of 4 rows or more, sums in another order than the AVX-512 one used below that, giving
+ * differences below 1e-6 of the logits' scale; every other kernel (isa "avx512", "avx2", "scalar") is
+ * bit-identical whatever the row count. On failure every session of the batch is left as it was before
+ * df_batch_eval or, where it cannot be put back (a row count outside its rollback record's range, see
+ * df_session_set_rollback_rows), reset. tokens and logits must stay valid until df_batch_eval. */
 typedef struct df_batch df_batch;
 int df_batch_init(df_batch **out, df_engine *eng, df_error *err);
 void df_batch_free(df_batch *b);
@@ -154,6 +181,8 @@ typedef struct df_stats {
                                                           how many of them the guess named (recall) */
     uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
     int head_tiles;                        /* lm_head streamed in this many row tiles (0: in memory whole) */
+    uint64_t rollback_replays, rollback_reevals;       /* df_session_truncate calls served from the rollback
+                                                          record / by evaluating the history again */
 } df_stats;
 void df_engine_stats(const df_engine *eng, df_stats *out);
 /* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess

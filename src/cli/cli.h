@@ -23,6 +23,8 @@ int cmd_place(int argc, char **argv);
 int bench_model(int argc, char **argv);
 /* `deltafin bench cache --trace FILE` (bench_cache.c): replacement policies replayed on a routing trace. */
 int bench_cache(int argc, char **argv);
+/* `deltafin bench rollback` (bench_rollback.c); argv[0] is "rollback". */
+int bench_rollback(int argc, char **argv);
 
 /* The default model folder: $DELTAFIN_MODEL, else the bundled model found next to the executable
  * (EXE_DIR/models/default), in EXE_DIR/../share/deltafin/models/default (make install) or in

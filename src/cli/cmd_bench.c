@@ -243,5 +243,6 @@ int cmd_bench(int argc, char **argv) {
     if (argc >= 2 && !strcmp(argv[1], "kernels")) return bench_kernels(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "fetch")) return bench_fetch(argc - 1, argv + 1);
     if (argc >= 2 && !strcmp(argv[1], "cache")) return bench_cache(argc - 1, argv + 1);
+    if (argc >= 2 && !strcmp(argv[1], "rollback")) return bench_rollback(argc - 1, argv + 1);
     return bench_model(argc, argv);
 }

@@ -7,28 +7,7 @@
 #include <unistd.h>
 #include "deltafin.h"
 #include "common/util.h"
-#include "model/model.h"
-
-struct df_engine {
-    df_store *store;
-    uint64_t tokens_evaluated;
-    df_kern kern;
-    df_model model;
-    df_model_info info;
-};
-
-struct df_session {
-    df_engine *eng;
-    df_state *state;
-    int32_t *hist;             /* the tokens the state has consumed, [pos] */
-    int64_t hist_cap;
-    int64_t last_start;        /* position where the last evaluation began */
-    float *last_logits;        /* [vocab]: logits after the last token, when last_valid */
-    int last_valid;
-};
-
-/* Prompts are evaluated in chunks of at most this many tokens, bounding activation memory. */
-#define SESSION_SYNC_CHUNK 256
+#include "engine/engine_internal.h"
 
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -158,12 +137,15 @@ static void session_forget(df_session *s) {
     s->last_valid = 0;
 }
 
+void session_hist_reserve(df_session *s, int64_t n) {
+    if (n <= s->hist_cap) return;
+    s->hist_cap = n * 2;
+    s->hist = xrealloc(s->hist, (size_t)s->hist_cap * sizeof(int32_t));
+}
+
 static void session_record(df_session *s, int64_t pos0, const int32_t *tokens, int n, const float *logits,
                            int all_rows) {
-    if (pos0 + n > s->hist_cap) {
-        s->hist_cap = (pos0 + n) * 2;
-        s->hist = xrealloc(s->hist, (size_t)s->hist_cap * sizeof(int32_t));
-    }
+    session_hist_reserve(s, pos0 + n);
     memcpy(s->hist + pos0, tokens, (size_t)n * sizeof(int32_t));
     s->last_start = pos0;
     int vocab = s->eng->info.vocab_size;
@@ -174,15 +156,42 @@ static void session_record(df_session *s, int64_t pos0, const int32_t *tokens, i
     }
 }
 
-int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err) {
-    int64_t pos0 = s->state->pos;
-    int rc = model_forward(&s->eng->model, s->state, tokens, n, logits, all_rows, err);
-    if (rc && rc != DF_EINVAL) session_forget(s);
-    if (!rc) {
-        s->eng->tokens_evaluated += (uint64_t)n;
-        session_record(s, pos0, tokens, n, logits, all_rows);
+typedef struct {
+    df_session *s;
+    const int32_t *tokens;
+    int n, all_rows;
+    float *logits;
+} batch_entry;
+
+/* One forward pass over the entries. A failed pass leaves each session as it was where the model could
+ * put it back (an evaluation within the rollback record's rows) and resets the others, whose layers may
+ * have consumed the tokens unevenly; a refused one (DF_EINVAL) changes nothing. */
+static int batch_run(df_engine *eng, const batch_entry *e, int n, df_error *err) {
+    int T = 0;
+    for (int i = 0; i < n; i++) T += e[i].n;
+    int32_t *tokens = xmalloc((size_t)T * sizeof(int32_t));
+    model_seg *seg = xmalloc((size_t)n * sizeof *seg);
+    int64_t *pos0 = xmalloc((size_t)n * sizeof *pos0);
+    for (int i = 0, at = 0; i < n; at += e[i++].n) {
+        memcpy(tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
+        seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
+        pos0[i] = e[i].s->state->pos;
     }
+    int rc = model_forward_batch(&eng->model, seg, n, tokens, err);
+    for (int i = 0; i < n; i++) {
+        if (!rc) session_record(e[i].s, pos0[i], e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
+        else if (rc != DF_EINVAL && !seg[i].restored) session_forget(e[i].s);
+    }
+    if (!rc) eng->tokens_evaluated += (uint64_t)T;
+    free(tokens);
+    free(seg);
+    free(pos0);
     return rc;
+}
+
+int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err) {
+    batch_entry e = {s, tokens, n, all_rows, logits};
+    return batch_run(s->eng, &e, 1, err);
 }
 
 const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
@@ -190,11 +199,20 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
     return s->hist;
 }
 
+/* Rows per pass when a prompt is evaluated in chunks: as many as the memory budget's share for working
+ * buffers (storage's reserve) holds at a generous 64 fp32 activations of width d per row in flight. */
+static int session_chunk_rows(const df_session *s) {
+    store_stats ss;
+    store_get_stats(s->eng->store, &ss);
+    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * s->eng->info.hidden_size * sizeof(float));
+    return (int)DF_MIN(DF_MAX(rows, 16), 4096);
+}
+
 /* Evaluates ids[0..n) on top of the current state in bounded chunks; the last chunk's logits go to logits. */
 static int session_feed(df_session *s, const int32_t *ids, int64_t n, float *logits, df_error *err) {
-    int rc = DF_OK;
-    for (int64_t at = 0; !rc && at < n; at += SESSION_SYNC_CHUNK) {
-        int c = n - at < SESSION_SYNC_CHUNK ? (int)(n - at) : SESSION_SYNC_CHUNK;
+    int rc = DF_OK, chunk = session_chunk_rows(s);
+    for (int64_t at = 0; !rc && at < n; at += chunk) {
+        int c = n - at < chunk ? (int)(n - at) : chunk;
         rc = df_session_eval(s, ids + at, c, at + c == n ? logits : NULL, 0, err);
     }
     return rc;
@@ -208,13 +226,27 @@ int df_session_truncate(df_session *s, int64_t pos, df_error *err) {
                      (long long)pos, (long long)s->last_start, (long long)cur);
         return DF_EINVAL;
     }
-    /* Rebuilt from the history: exact, though it reads the weights again. */
+    s->last_valid = 0;
+    if (state_rewind(&s->eng->model, s->state, pos) == 0) {
+        s->eng->rollback_replays++;
+        return DF_OK;
+    }
+    /* No record of the last evaluation (one row, or more than the session keeps a record for): rebuilt from
+     * the history, reading the weights again. */
+    s->eng->rollback_reevals++;
     int32_t *keep = xmalloc((size_t)(pos ? pos : 1) * sizeof(int32_t));
     memcpy(keep, s->hist, (size_t)pos * sizeof(int32_t));
     session_forget(s);
     int rc = session_feed(s, keep, pos, NULL, err);
     free(keep);
     return rc;
+}
+
+void df_session_set_rollback_rows(df_session *s, int rows) { state_set_record_rows(s->state, rows); }
+
+uint64_t df_session_memory(const df_session *s) {
+    return state_bytes(&s->eng->model, s->state) + (uint64_t)s->hist_cap * sizeof(int32_t) +
+           (s->last_logits ? (uint64_t)s->eng->info.vocab_size * sizeof(float) : 0);
 }
 
 int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err) {
@@ -255,8 +287,10 @@ uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
     for (int i = 0; i < c->n_layers; i++) {
         if (c->mixer[i] == MIXER_KDA) {
             uint64_t pk = (uint64_t)c->kda_heads * c->kda_dim;
-            bytes += ((uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1) *
-                     sizeof(float);
+            uint64_t state = (uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1;
+            /* and the rollback record at its default size: a copy of the state, the recurrence's inputs per row */
+            uint64_t record = state + (uint64_t)MODEL_RECORD_ROWS * (6 * pk + (uint64_t)c->kda_heads);
+            bytes += (state + record) * sizeof(float);
         } else {
             bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
         }
@@ -271,9 +305,8 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
     }
     state_copy(&src->eng->model, dst->state, src->state);
     int64_t n = src->state->pos;
-    dst->hist_cap = n ? n : 1;
-    dst->hist = xrealloc(dst->hist, (size_t)dst->hist_cap * sizeof(int32_t));
-    memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
+    session_hist_reserve(dst, n ? n : 1);
+    if (n) memcpy(dst->hist, src->hist, (size_t)n * sizeof(int32_t));
     dst->last_start = src->last_start;
     dst->last_valid = src->last_valid;
     if (src->last_valid) {
@@ -286,14 +319,7 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
 
 void df_session_reset(df_session *s) { session_forget(s); }
 
-/* ---- batches: each entry evaluated in turn (correct; the shared single pass comes later) ---------- */
-
-typedef struct {
-    df_session *s;
-    const int32_t *tokens;
-    int n, all_rows;
-    float *logits;
-} batch_entry;
+/* ---- batches: one forward pass over every entry ---------------------------------------------------- */
 
 struct df_batch {
     df_engine *eng;
@@ -337,10 +363,11 @@ int df_batch_add(df_batch *b, df_session *s, const int32_t *tokens, int n, float
 }
 
 int df_batch_eval(df_batch *b, df_error *err) {
-    int rc = DF_OK;
-    for (int i = 0; !rc && i < b->n; i++)
-        rc = df_session_eval(b->e[i].s, b->e[i].tokens, b->e[i].n, b->e[i].logits, b->e[i].all_rows, err);
-    return rc;
+    if (!b->n) {
+        df_error_set(err, DF_EINVAL, "the batch is empty");
+        return DF_EINVAL;
+    }
+    return batch_run(b->eng, b->e, b->n, err);
 }
 
 void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx) {
@@ -351,6 +378,8 @@ void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx) {
 void df_engine_stats(const df_engine *e, df_stats *out) {
     memset(out, 0, sizeof *out);
     out->tokens_evaluated = e->tokens_evaluated;
+    out->rollback_replays = e->rollback_replays;
+    out->rollback_reevals = e->rollback_reevals;
     store_stats ss;
     store_get_stats(e->store, &ss);
     out->expert_hits = ss.expert_hits;

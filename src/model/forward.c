@@ -98,6 +98,7 @@ df_state *state_new(const df_model *m) {
     const df_config *c = &m->cfg;
     df_state *s = xcalloc(1, sizeof *s);
     s->n_layers = c->n_layers;
+    s->rec_max = MODEL_RECORD_ROWS;
     s->layers = xcalloc(c->n_layers, sizeof *s->layers);
     for (int i = 0; i < c->n_layers; i++) {
         df_layer_state *l = &s->layers[i];
@@ -117,6 +118,7 @@ void state_free(df_state *s) {
         free(s->layers[i].conv);
         free(s->layers[i].c);
         free(s->layers[i].r);
+        free(s->layers[i].rec);
     }
     free(s->layers);
     free(s);
@@ -131,6 +133,7 @@ void state_reset(const df_model *m, df_state *s) {
         if (l->conv) memset(l->conv, 0, (size_t)(c->conv_w - 1) * 3 * pk * sizeof(float));
     }
     s->pos = 0;
+    s->rec_valid = 0;
 }
 
 static void mla_reserve(const df_config *c, df_layer_state *l, int64_t need) {
@@ -156,8 +159,99 @@ void state_copy(const df_model *m, df_state *dst, const df_state *src) {
             memcpy(d->c, s->c, (size_t)src->pos * c->kv_lora * sizeof(float));
             memcpy(d->r, s->r, (size_t)src->pos * c->rope * sizeof(float));
         }
+        if (src->rec_valid && s->rec) {
+            int64_t nf = kda_record_floats(c, src->rec_T);
+            if (nf > d->rec_cap) {
+                d->rec = xrealloc(d->rec, (size_t)nf * sizeof(float));
+                d->rec_cap = nf;
+            }
+            memcpy(d->rec, s->rec, (size_t)nf * sizeof(float));
+        }
     }
     dst->pos = src->pos;
+    dst->rec_valid = src->rec_valid;
+    dst->rec_T = src->rec_T;
+    dst->rec_pos0 = src->rec_pos0;
+}
+
+int state_rewind(df_model *m, df_state *s, int64_t pos) {
+    if (!s->rec_valid || pos < s->rec_pos0 || pos > s->pos) return -1;
+    for (int i = 0; i < s->n_layers; i++)
+        if (s->layers[i].S) kda_rewind(m, &s->layers[i], s->rec_T, (int)(pos - s->rec_pos0));
+    s->pos = pos;
+    return 0;
+}
+
+void state_set_record_rows(df_state *s, int rows) {
+    s->rec_max = rows > 0 ? rows : 0;
+    if (rows > 0) return;
+    s->rec_valid = 0;
+    for (int i = 0; i < s->n_layers; i++) {
+        free(s->layers[i].rec);
+        s->layers[i].rec = NULL;
+        s->layers[i].rec_cap = 0;
+    }
+}
+
+uint64_t state_bytes(const df_model *m, const df_state *s) {
+    const df_config *c = &m->cfg;
+    uint64_t n = 0;
+    for (int i = 0; i < s->n_layers; i++) {
+        const df_layer_state *l = &s->layers[i];
+        n += (uint64_t)l->rec_cap * sizeof(float) + (uint64_t)l->cap * (c->kv_lora + (c->rope ? c->rope : 1)) * 4;
+    }
+    return n + state_blob_size(m, 0);
+}
+
+/* The blob: per layer in order, KDA S and conv, or the first pos rows of the MLA latents and rope keys. */
+uint64_t state_blob_size(const df_model *m, int64_t pos) {
+    const df_config *c = &m->cfg;
+    uint64_t kda = (uint64_t)c->kda_heads * c->kda_dim * c->kda_dim +
+                   (uint64_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim;
+    uint64_t mla = (uint64_t)pos * (c->kv_lora + c->rope), n = 0;
+    for (int i = 0; i < c->n_layers; i++) n += c->mixer[i] == MIXER_KDA ? kda : mla;
+    return n * sizeof(float);
+}
+
+void state_blob_put(const df_model *m, const df_state *s, uint8_t *out) {
+    const df_config *c = &m->cfg;
+    size_t nS = (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float);
+    size_t nconv = (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float);
+    size_t nc = (size_t)s->pos * c->kv_lora * sizeof(float), nr = (size_t)s->pos * c->rope * sizeof(float);
+    for (int i = 0; i < c->n_layers; i++) {
+        const df_layer_state *l = &s->layers[i];
+        if (c->mixer[i] == MIXER_KDA) {
+            memcpy(out, l->S, nS);
+            memcpy(out + nS, l->conv, nconv);
+            out += nS + nconv;
+        } else if (s->pos) {
+            memcpy(out, l->c, nc);
+            memcpy(out + nc, l->r, nr);
+            out += nc + nr;
+        }
+    }
+}
+
+void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *in) {
+    const df_config *c = &m->cfg;
+    size_t nS = (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float);
+    size_t nconv = (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float);
+    size_t nc = (size_t)pos * c->kv_lora * sizeof(float), nr = (size_t)pos * c->rope * sizeof(float);
+    for (int i = 0; i < c->n_layers; i++) {
+        df_layer_state *l = &s->layers[i];
+        if (c->mixer[i] == MIXER_KDA) {
+            memcpy(l->S, in, nS);
+            memcpy(l->conv, in + nS, nconv);
+            in += nS + nconv;
+        } else if (pos) {
+            mla_reserve(c, l, pos);
+            memcpy(l->c, in, nc);
+            memcpy(l->r, in + nc, nr);
+            in += nc + nr;
+        }
+    }
+    s->pos = pos;
+    s->rec_valid = 0;
 }
 
 /* ---- the layer loop ------------------------------------------------------------------------------- */
@@ -176,11 +270,24 @@ static int rms_rows(df_fwd *f, const char *suffix, const float *x, int T, float 
     return DF_OK;
 }
 
-static int mixer_forward(df_fwd *f, df_state *s, const float *xn, int T, float *out) {
-    df_layer_state *st = &s->layers[f->layer];
-    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) return kda_forward(f, st, xn, T, out);
-    mla_reserve(&f->m->cfg, st, s->pos + T);
-    return mla_forward(f, st, s->pos, xn, T, out);
+/* The sessions of the pass in progress, for the mixers. */
+typedef struct {
+    fwd_seg *seg;
+    int n;
+    int mixed;      /* layers whose mixer has changed the states (a failed mixer changes nothing) */
+} pass_segs;
+
+static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float *out) {
+    int rc;
+    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) {
+        rc = kda_forward(f, ps->seg, ps->n, xn, T, out);
+    } else {
+        for (int j = 0; j < ps->n; j++)
+            mla_reserve(&f->m->cfg, &ps->seg[j].s->layers[f->layer], ps->seg[j].s->pos + ps->seg[j].T);
+        rc = mla_forward(f, ps->seg, ps->n, xn, T, out);
+    }
+    if (!rc) ps->mixed = f->layer + 1;
+    return rc;
 }
 
 static int ffn_forward(df_fwd *f, const float *xn, int T, float *out) {
@@ -192,7 +299,7 @@ static int ffn_forward(df_fwd *f, const float *xn, int T, float *out) {
 }
 
 /* Ordinary pre-norm residual layer: h += mixer(norm(h)); h += ffn(norm(h)). */
-static int layer_plain(df_fwd *f, df_state *s, float *h, int T, fwd_scratch *sc) {
+static int layer_plain(df_fwd *f, pass_segs *s, float *h, int T, fwd_scratch *sc) {
     int64_t n = (int64_t)T * f->m->cfg.d;
     int rc = rms_rows(f, "input_layernorm.weight", h, T, sc->norm);
     if (!rc) rc = mixer_forward(f, s, sc->norm, T, sc->buf);
@@ -230,7 +337,7 @@ static int res_mix(df_fwd *f, attnres_state *ar, const char *stem, int T, float 
     return DF_OK;
 }
 
-static int layer_attnres(df_fwd *f, df_state *s, attnres_state *ar, int T, fwd_scratch *sc, float *x) {
+static int layer_attnres(df_fwd *f, pass_segs *s, attnres_state *ar, int T, fwd_scratch *sc, float *x) {
     const df_config *c = &f->m->cfg;
     int64_t n = (int64_t)T * c->d;
     int rc = DF_OK;
@@ -271,19 +378,26 @@ static int embed_tokens(df_model *m, const int32_t *tokens, int T, float *h, df_
     return DF_OK;
 }
 
-static int head_forward(df_model *m, const float *h, int T, float *logits, int all_rows, df_error *err) {
+/* Logits of the rows each session asked for (all its rows, or its last), in one product over them all. */
+static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, df_error *err) {
     const df_config *c = &m->cfg;
     const df_tensor *lm = model_global_mat(m, "lm_head.weight", c->vocab, c->d, err);
     float *w = lm ? model_global_vec(m, "model.norm.weight", c->d, err) : NULL;
     if (!w) return err->code;
-    int rows = all_rows ? T : 1;
-    const float *src = h + (int64_t)(T - rows) * c->d;
+    int rows = 0, T = 0;
+    for (int j = 0; j < n_seg; j++) rows += seg[j].logits ? (seg[j].all_rows ? seg[j].T : 1) : 0;
     float *xn = xmalloc((size_t)rows * c->d * sizeof(float));
-    for (int t = 0; t < rows; t++) kern_rmsnorm(xn + (int64_t)t * c->d, src + (int64_t)t * c->d, w, c->d, c->eps);
+    int r = 0;
+    for (int j = 0; j < n_seg; T += seg[j++].T) {
+        if (!seg[j].logits) continue;
+        for (int t = seg[j].all_rows ? 0 : seg[j].T - 1; t < seg[j].T; t++, r++)
+            kern_rmsnorm(xn + (int64_t)r * c->d, h + (int64_t)(T + t) * c->d, w, c->d, c->eps);
+    }
+    int one = n_seg == 1;          /* a single session gets its logits written in place */
+    float *out = one ? seg[0].logits : xmalloc((size_t)rows * c->vocab * sizeof(float));
     int64_t per;
-    int n_tiles = store_head_tiles(m->store, &per);
-    if (n_tiles <= 1) kern_matmul(m->kern, lm, xn, rows, logits);
-    int rc = DF_OK;
+    int n_tiles = store_head_tiles(m->store, &per), rc = DF_OK;
+    if (n_tiles <= 1) kern_matmul(m->kern, lm, xn, rows, out);
     float *part = n_tiles > 1 ? xmalloc((size_t)rows * (size_t)per * sizeof(float)) : NULL;
     for (int j = 0; j < n_tiles && n_tiles > 1 && !rc; j++) {   /* lm_head streamed: rows j*per.. of the vocabulary */
         df_tensor tile;
@@ -292,10 +406,18 @@ static int head_forward(df_model *m, const float *h, int T, float *logits, int a
         kern_matmul(m->kern, &tile, xn, rows, part);
         store_head_tile_release(m->store, j);
         for (int t = 0; t < rows; t++)
-            memcpy(logits + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
+            memcpy(out + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
                    (size_t)tile.shape[0] * sizeof(float));
     }
     free(part);
+    r = 0;
+    for (int j = 0; !one && !rc && j < n_seg; j++) {
+        if (!seg[j].logits) continue;
+        int n = seg[j].all_rows ? seg[j].T : 1;
+        memcpy(seg[j].logits, out + (int64_t)r * c->vocab, (size_t)n * c->vocab * sizeof(float));
+        r += n;
+    }
+    if (!one) free(out);
     free(xn);
     free(w);
     return rc;
@@ -315,24 +437,56 @@ static int output_attnres(df_model *m, attnres_state *ar, int T, float *h, df_er
     return DF_OK;
 }
 
-int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float *logits, int all_rows,
-                  df_error *err) {
+/* Calls each session's step callback after a layer; any non-zero return cancels the pass. */
+static int pass_step(const pass_segs *ps, int layer, int n_layers, df_error *err) {
+    for (int j = 0; j < ps->n; j++) {
+        df_state *s = ps->seg[j].s;
+        if (s->step && s->step(s->step_ctx, layer, n_layers)) {
+            df_error_set(err, DF_ECANCELLED, "evaluation cancelled after layer %d", layer);
+            return DF_ECANCELLED;
+        }
+    }
+    return DF_OK;
+}
+
+static int pass_check(const df_config *c, const model_seg *seg, int n_seg, df_error *err) {
+    for (int j = 0; j < n_seg || !n_seg; j++) {
+        if (!n_seg || seg[j].T <= 0) {
+            df_error_set(err, DF_EINVAL, "no tokens to evaluate");
+            return DF_EINVAL;
+        }
+        if (seg[j].s->pos + seg[j].T > c->max_ctx) {
+            df_error_set(err, DF_EINVAL, "context of %lld tokens exceeds the model's %lld",
+                         (long long)(seg[j].s->pos + seg[j].T), (long long)c->max_ctx);
+            return DF_EINVAL;
+        }
+        for (int i = 0; i < j; i++)
+            if (seg[i].s == seg[j].s) {
+                df_error_set(err, DF_EINVAL, "a session appears twice in one pass");
+                return DF_EINVAL;
+            }
+    }
+    return DF_OK;
+}
+
+int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err) {
     const df_config *c = &m->cfg;
-    if (T <= 0) {
-        df_error_set(err, DF_EINVAL, "no tokens to evaluate");
-        return DF_EINVAL;
-    }
-    if (s->pos + T > c->max_ctx) {
-        df_error_set(err, DF_EINVAL, "context of %lld tokens exceeds the model's %lld", (long long)(s->pos + T),
-                     (long long)c->max_ctx);
-        return DF_EINVAL;
-    }
+    int rc = pass_check(c, seg, n_seg, err);
+    if (rc) return rc;
     double t_start = df_now();
+    pass_segs ps = {xmalloc((size_t)n_seg * sizeof(fwd_seg)), n_seg, 0};
+    int T = 0;
+    for (int j = 0; j < n_seg; j++) {
+        ps.seg[j] = (fwd_seg){seg[j].s, T, seg[j].T};
+        seg[j].restored = 0;
+        seg[j].s->rec_valid = 0;
+        T += seg[j].T;
+    }
     int64_t n = (int64_t)T * c->d;
     float *h = xmalloc(n * sizeof(float));
     fwd_scratch sc = {xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float))};
     attnres_state ar = {0};
-    int rc = embed_tokens(m, tokens, T, h, err);
+    rc = embed_tokens(m, tokens, T, h, err);
     if (!rc && c->attn_res_block) {
         ar.blocks = xcalloc(c->n_layers / c->attn_res_block + 2, sizeof(float *));
         ar.p = h;
@@ -344,16 +498,29 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
         rc = store_layer_acquire(m->store, i, &f.L, err);
         model_clock(&m->prof.spine_read, t0);
         if (rc) break;
-        rc = c->attn_res_block ? layer_attnres(&f, s, &ar, T, &sc, h) : layer_plain(&f, s, h, T, &sc);
+        rc = c->attn_res_block ? layer_attnres(&f, &ps, &ar, T, &sc, h) : layer_plain(&f, &ps, h, T, &sc);
         store_layer_release(m->store, f.L);
-        if (!rc && s->step && s->step(s->step_ctx, i, c->n_layers)) {
-            df_error_set(err, DF_ECANCELLED, "evaluation cancelled after layer %d", i);
-            rc = DF_ECANCELLED;
-        }
+        if (!rc) rc = pass_step(&ps, i, c->n_layers, err);
     }
     if (!rc && c->attn_res_block) rc = output_attnres(m, &ar, T, h, err);
-    if (!rc && logits) rc = head_forward(m, h, T, logits, all_rows, err);
-    if (!rc) s->pos += T;
+    int want_logits = 0;
+    for (int j = 0; j < n_seg; j++) want_logits |= seg[j].logits != NULL;
+    if (!rc && want_logits) rc = head_forward(m, h, seg, n_seg, err);
+    for (int j = 0; j < n_seg; j++) {
+        df_state *s = seg[j].s;
+        int recorded = state_records(s, seg[j].T);
+        if (!rc) {
+            s->rec_valid = recorded;
+            s->rec_T = seg[j].T;
+            s->rec_pos0 = s->pos;
+            s->pos += seg[j].T;
+        } else if (recorded || !ps.mixed) {
+            /* Put back as before the pass: the KDA layers from the record's start, MLA by position. */
+            for (int i = 0; i < ps.mixed; i++)
+                if (s->layers[i].S) kda_rewind(m, &s->layers[i], seg[j].T, 0);
+            seg[j].restored = 1;
+        }
+    }
     model_clock(&m->prof.total, t_start);
     for (int b = 0; b < ar.nb; b++) free(ar.blocks[b]);
     free(ar.blocks);
@@ -361,6 +528,7 @@ int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float 
     free(h);
     free(sc.buf);
     free(sc.norm);
+    free(ps.seg);
     return rc;
 }
 

@@ -71,14 +71,14 @@ static void l2norm_heads(float *x, int T, const kda_dims *k, float scale) {
     }
 }
 
-/* The gated delta rule for one head over T tokens; writes o[t] (stride P). */
+/* The gated delta rule for one head over T tokens; writes o[t] (stride P) unless o is NULL. */
 static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, const float *kk, const float *v,
                            const float *g, const float *beta, int T, float *o) {
     int D = k->D;
     float *m = xmalloc(D * sizeof(float));
     for (int t = 0; t < T; t++) {
         int64_t off = (int64_t)t * k->P + (int64_t)h * D;
-        const float *qt = q + off, *kt = kk + off, *vt = v + off, *gt = g + off;
+        const float *kt = kk + off, *vt = v + off, *gt = g + off;
         for (int j = 0; j < D; j++) {
             float e = expf(gt[j]);
             for (int c = 0; c < D; c++) S[j * D + c] *= e;
@@ -90,6 +90,8 @@ static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, c
         for (int c = 0; c < D; c++) m[c] = b * (vt[c] - m[c]);     /* m becomes u */
         for (int j = 0; j < D; j++)
             for (int c = 0; c < D; c++) S[j * D + c] += kt[j] * m[c];
+        if (!o) continue;                                          /* a replay wants the state only */
+        const float *qt = q + off;
         float *ot = o + off;
         for (int c = 0; c < D; c++) ot[c] = 0.0f;
         for (int j = 0; j < D; j++)
@@ -106,10 +108,65 @@ typedef struct {
     float *o;
 } kda_recur_job;
 
-/* Heads are independent: one pool task each. */
-static void kda_recur_task(void *ctx, int h) {
-    kda_recur_job *j = ctx;
+/* Heads (and sessions) are independent: one pool task per (job, head). */
+static void kda_recur_task(void *ctx, int task) {
+    kda_recur_job *jobs = ctx, *j = &jobs[task / jobs->k->H];
+    int h = task % j->k->H;
     kda_recur_head(j->k, j->S + (int64_t)h * j->k->D * j->k->D, h, j->q, j->kk, j->v, j->g, j->beta, j->T, j->o);
+}
+
+/* ---- rollback record ------------------------------------------------------------------------------ */
+
+/* Where the parts of a layer's record lie for T rows: S and conv at the pass start, then per row the
+ * pre-conv inputs (three [T, P] blocks) and the recurrence's k, v, g [T, P] and beta [T, H]. */
+typedef struct {
+    float *S0, *conv0, *pre[3], *k, *v, *g, *beta;
+} kda_record;
+
+static kda_dims kda_dims_of(const df_config *c) {
+    return (kda_dims){c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
+}
+
+int64_t kda_record_floats(const df_config *c, int T) {
+    kda_dims k = kda_dims_of(c);
+    return (int64_t)k.H * k.D * k.D + (int64_t)(k.W - 1) * 3 * k.P + 6 * (int64_t)T * k.P + (int64_t)T * k.H;
+}
+
+static kda_record kda_record_at(const kda_dims *k, float *base, int T) {
+    kda_record r;
+    int64_t TP = (int64_t)T * k->P;
+    r.S0 = base;
+    r.conv0 = r.S0 + (int64_t)k->H * k->D * k->D;
+    r.pre[0] = r.conv0 + (int64_t)(k->W - 1) * 3 * k->P;
+    r.pre[1] = r.pre[0] + TP;
+    r.pre[2] = r.pre[1] + TP;
+    r.k = r.pre[2] + TP;
+    r.v = r.k + TP;
+    r.g = r.v + TP;
+    r.beta = r.g + TP;
+    return r;
+}
+
+static kda_record kda_record_begin(const df_config *c, const kda_dims *k, df_layer_state *st, int T) {
+    int64_t need = kda_record_floats(c, T);
+    if (need > st->rec_cap) {
+        st->rec = xrealloc(st->rec, (size_t)need * sizeof(float));
+        st->rec_cap = need;
+    }
+    kda_record r = kda_record_at(k, st->rec, T);
+    memcpy(r.S0, st->S, (size_t)k->H * k->D * k->D * sizeof(float));
+    memcpy(r.conv0, st->conv, (size_t)(k->W - 1) * 3 * k->P * sizeof(float));
+    return r;
+}
+
+void kda_rewind(df_model *m, df_layer_state *st, int T, int n) {
+    kda_dims k = kda_dims_of(&m->cfg);
+    kda_record r = kda_record_at(&k, st->rec, T);
+    memcpy(st->S, r.S0, (size_t)k.H * k.D * k.D * sizeof(float));
+    memcpy(st->conv, r.conv0, (size_t)(k.W - 1) * 3 * k.P * sizeof(float));
+    kda_conv_state_update(&k, st->conv, (const float *const *)r.pre, n);
+    kda_recur_job job = {&k, st->S, NULL, r.k, r.v, r.g, r.beta, n, NULL};
+    kern_parallel_for(m->kern, k.H, kda_recur_task, &job);
 }
 
 typedef struct {
@@ -147,9 +204,9 @@ static int kda_weights_get(df_fwd *f, const kda_dims *k, kda_weights *w) {
     return ok ? DF_OK : f->err->code;
 }
 
-int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out) {
+int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
-    kda_dims k = {c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
+    kda_dims k = kda_dims_of(c);
     kda_weights w;
     int rc = kda_weights_get(f, &k, &w);
     if (rc) return rc;
@@ -161,9 +218,19 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
         pre[i] = xmalloc(TP * sizeof(float));
         act[i] = xmalloc(TP * sizeof(float));
         kern_matmul(kc, proj[i], x, T, pre[i]);
-        kda_conv(&k, w.conv[i], st->conv, i, pre[i], T, act[i]);
     }
-    kda_conv_state_update(&k, st->conv, (const float *const *)pre, T);
+    kda_record *rec = xcalloc(n_seg, sizeof *rec);
+    for (int j = 0; j < n_seg; j++) {
+        df_layer_state *st = &seg[j].s->layers[f->layer];
+        int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P;
+        const float *xs[3] = {pre[0] + o0, pre[1] + o0, pre[2] + o0};
+        if (state_records(seg[j].s, seg[j].T)) {
+            rec[j] = kda_record_begin(c, &k, st, seg[j].T);
+            for (int i = 0; i < 3; i++) memcpy(rec[j].pre[i], xs[i], n * sizeof(float));
+        }
+        for (int i = 0; i < 3; i++) kda_conv(&k, w.conv[i], st->conv, i, xs[i], seg[j].T, act[i] + o0);
+        kda_conv_state_update(&k, st->conv, xs, seg[j].T);
+    }
 
     float *fa = xmalloc((size_t)T * k.D * sizeof(float)), *g = pre[0];     /* reuse pre[0] for the gate */
     kern_matmul(kc, w.fa, x, T, fa);
@@ -178,9 +245,20 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
     l2norm_heads(act[1], T, &k, 1.0f);
 
     float *o = pre[1];
+    kda_recur_job *jobs = xmalloc((size_t)n_seg * sizeof *jobs);
+    for (int j = 0; j < n_seg; j++) {
+        int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P, b0 = seg[j].row0 * k.H;
+        if (rec[j].S0) {
+            memcpy(rec[j].k, act[1] + o0, n * sizeof(float));
+            memcpy(rec[j].v, act[2] + o0, n * sizeof(float));
+            memcpy(rec[j].g, g + o0, n * sizeof(float));
+            memcpy(rec[j].beta, beta + b0, (size_t)seg[j].T * k.H * sizeof(float));
+        }
+        jobs[j] = (kda_recur_job){&k, seg[j].s->layers[f->layer].S, act[0] + o0, act[1] + o0, act[2] + o0, g + o0,
+                                  beta + b0, seg[j].T, o + o0};
+    }
     double t0 = df_now();
-    kda_recur_job job = {&k, st->S, act[0], act[1], act[2], g, beta, T, o};
-    kern_parallel_for(kc, k.H, kda_recur_task, &job);
+    kern_parallel_for(kc, n_seg * k.H, kda_recur_task, jobs);
     model_clock(&f->m->prof.attention, t0);
 
     float *gate = pre[2];
@@ -201,6 +279,8 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
         free(pre[i]);
         free(act[i]);
     }
+    free(jobs);
+    free(rec);
     free(fa);
     free(beta);
     kda_weights_free(&w);
@@ -208,8 +288,7 @@ int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out
 }
 
 int kda_check(df_fwd *f) {
-    const df_config *c = &f->m->cfg;
-    kda_dims k = {c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
+    kda_dims k = kda_dims_of(&f->m->cfg);
     kda_weights w;
     int rc = kda_weights_get(f, &k, &w);
     if (!rc) kda_weights_free(&w);

@@ -5,6 +5,13 @@
 
 #include "model.h"
 
+/* The rows [row0, row0 + T) of a pass belong to state s, whose position before the pass is s->pos. */
+typedef struct fwd_seg {
+    df_state *s;
+    int64_t row0;
+    int T;
+} fwd_seg;
+
 typedef struct df_fwd {
     df_model *m;
     const df_store_layer *L;   /* acquired spine of this layer */
@@ -23,9 +30,14 @@ float *model_global_vec(df_model *m, const char *name, int64_t n, df_error *err)
 int tensor_check_mat(const df_tensor *t, const char *name, int64_t rows, int64_t cols, const char *dir,
                      df_error *err);
 
-/* Mixers and FFNs: x/out are [T, d]; out is overwritten. */
-int kda_forward(df_fwd *f, df_layer_state *st, const float *x, int T, float *out);
-int mla_forward(df_fwd *f, df_layer_state *st, int64_t pos0, const float *x, int T, float *out);
+/* Mixers and FFNs: x/out are [T, d] (all rows of the pass); out is overwritten. The mixers run each of
+ * the n_seg sessions of the pass on its own layer state. */
+int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out);
+int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out);
+/* KDA rollback record: the floats a layer's record takes for a pass of T rows; kda_rewind returns the
+ * layer's state to n tokens after the start of the recorded pass of T rows. */
+int64_t kda_record_floats(const df_config *c, int T);
+void kda_rewind(df_model *m, df_layer_state *st, int T, int n);
 int ffn_dense_forward(df_fwd *f, const char *prefix, int inter, const float *x, int T, float *out);
 int moe_forward(df_fwd *f, const float *x, int T, float *out);
 

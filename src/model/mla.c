@@ -1,7 +1,8 @@
 /* mla.c — Multi-head Latent Attention without RoPE (SPEC §3.5), in the absorbed form: the cache keeps only
  * the post-norm latent c (Lc) and the shared raw key part r (Nr) of each position; queries are mapped into
  * the latent space by W_UK, attention runs over latents, and W_UV maps the result back per head. The same
- * code serves prefill (T > 1, causal within the batch) and decode (T = 1). */
+ * code serves prefill (T > 1, causal within the batch) and decode (T = 1); in a pass over several sessions
+ * each attends over its own cache, causally within its own rows. */
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -60,17 +61,21 @@ static void mla_query(df_fwd *f, const mla_weights *w, const float *x, int T, fl
     free(qa);
 }
 
-/* Appends the latents of the T new positions to the cache at pos0. */
-static void mla_cache_append(df_fwd *f, const mla_weights *w, df_layer_state *st, int64_t pos0, const float *x,
+/* Appends the latents of each session's new rows to its cache at its position. */
+static void mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg, int n_seg, const float *x,
                              int T) {
     const df_config *c = &f->m->cfg;
     int Lc = c->kv_lora, Nr = c->rope;
     float *kv = xmalloc((size_t)T * (Lc + Nr) * sizeof(float));
     kern_matmul(f->m->kern, w->kva, x, T, kv);
-    for (int t = 0; t < T; t++) {
-        const float *row = kv + (int64_t)t * (Lc + Nr);
-        kern_rmsnorm(st->c + (pos0 + t) * Lc, row, w->kv_norm, Lc, MLA_LATENT_EPS);
-        memcpy(st->r + (pos0 + t) * Nr, row + Lc, Nr * sizeof(float));
+    for (int j = 0; j < n_seg; j++) {
+        df_layer_state *st = &seg[j].s->layers[f->layer];
+        int64_t pos0 = seg[j].s->pos;
+        for (int t = 0; t < seg[j].T; t++) {
+            const float *row = kv + (seg[j].row0 + t) * (Lc + Nr);
+            kern_rmsnorm(st->c + (pos0 + t) * Lc, row, w->kv_norm, Lc, MLA_LATENT_EPS);
+            memcpy(st->r + (pos0 + t) * Nr, row + Lc, Nr * sizeof(float));
+        }
     }
     free(kv);
 }
@@ -122,26 +127,32 @@ typedef struct {
     float *o;
 } mla_job;
 
-/* Heads are independent (disjoint output columns): one pool task each. */
-static void mla_head_task(void *ctx, int h) {
-    mla_job *j = ctx;
-    mla_head(j->f, j->w, j->st, j->pos0, j->q, j->T, h, j->o);
+/* Heads and sessions are independent (disjoint output rows and columns): one pool task per (session, head). */
+static void mla_head_task(void *ctx, int task) {
+    mla_job *jobs = ctx;
+    int H = jobs->f->m->cfg.mla_heads;
+    mla_job *j = &jobs[task / H];
+    mla_head(j->f, j->w, j->st, j->pos0, j->q, j->T, task % H, j->o);
 }
 
-int mla_forward(df_fwd *f, df_layer_state *st, int64_t pos0, const float *x, int T, float *out) {
+int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     mla_weights w;
     int rc = mla_weights_get(f, &w);
     if (rc) return rc;
-    int64_t H = c->mla_heads, Ov = H * c->vdim;
-    float *q = xmalloc((size_t)T * H * (c->nope + c->rope) * sizeof(float));
+    int64_t H = c->mla_heads, Ov = H * c->vdim, Oq = H * (c->nope + c->rope);
+    float *q = xmalloc((size_t)T * Oq * sizeof(float));
     float *o = xmalloc((size_t)T * Ov * sizeof(float));
     mla_query(f, &w, x, T, q);
-    mla_cache_append(f, &w, st, pos0, x, T);
+    mla_cache_append(f, &w, seg, n_seg, x, T);
+    mla_job *jobs = xmalloc((size_t)n_seg * sizeof *jobs);
+    for (int j = 0; j < n_seg; j++)
+        jobs[j] = (mla_job){f, &w, &seg[j].s->layers[f->layer], seg[j].s->pos, q + seg[j].row0 * Oq, seg[j].T,
+                            o + seg[j].row0 * Ov};
     double t0 = df_now();
-    mla_job job = {f, &w, st, pos0, q, T, o};
-    kern_parallel_for(f->m->kern, (int)H, mla_head_task, &job);
+    kern_parallel_for(f->m->kern, n_seg * (int)H, mla_head_task, jobs);
     model_clock(&f->m->prof.attention, t0);
+    free(jobs);
     if (w.g) {
         float *g = xmalloc((size_t)T * Ov * sizeof(float));
         kern_matmul(f->m->kern, w.g, x, T, g);

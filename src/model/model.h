@@ -29,7 +29,14 @@ typedef struct df_layer_state {
     float *conv;               /* [W-1, 3Pk] */
     float *c, *r;              /* [cap, Lc], [cap, Nr] */
     int64_t cap;
+    /* KDA rollback record of the last evaluation (see df_state.rec_*): S and conv at its start, then per
+     * token the pre-conv [q|k|v] inputs and the k, v, g, beta the recurrence consumed. */
+    float *rec;
+    int64_t rec_cap;           /* floats allocated in rec */
 } df_layer_state;
+
+/* Evaluations of up to this many rows per session keep a rollback record by default (state_new). */
+#define MODEL_RECORD_ROWS 32
 
 typedef struct df_state {
     int64_t pos;               /* tokens consumed */
@@ -37,17 +44,51 @@ typedef struct df_state {
     void *step_ctx;
     int n_layers;
     df_layer_state *layers;
+    /* Rollback: an evaluation of 2 to rec_max rows (state_records) keeps what state_rewind needs to return
+     * to any position in [rec_pos0, pos] without the weights. rec_valid: the record covers the last
+     * evaluation. One-row passes keep none: plain decoding never goes back and should not pay for the copy
+     * of the KDA state a record starts with. */
+    int rec_max;
+    int rec_valid;
+    int rec_T;                 /* rows of the recorded evaluation */
+    int64_t rec_pos0;
 } df_state;
+
+static inline int state_records(const df_state *s, int T) { return T >= 2 && T <= s->rec_max; }
+
+/* One session's rows in a forward pass: the next T rows of the batch belong to state s. logits: [T, vocab]
+ * if all_rows, else the last row only; NULL skips. restored (out): after a failed pass, 1 if the state was
+ * put back as it was before the pass, 0 if it must be reset. */
+typedef struct model_seg {
+    df_state *s;
+    int T;
+    float *logits;
+    int all_rows;
+    int restored;
+} model_seg;
 
 df_state *state_new(const df_model *m);
 void state_free(df_state *s);
 void state_reset(const df_model *m, df_state *s);
 void state_copy(const df_model *m, df_state *dst, const df_state *src);
+/* Returns the state to pos in [rec_pos0, s->pos] by replaying the KDA recurrence from the record (no weight
+ * reads; the MLA caches are cut back by position). Fails (-1) without a valid record covering pos. */
+int state_rewind(df_model *m, df_state *s, int64_t pos);
+/* Rows up to which an evaluation keeps the rollback record (0: none, and the record's memory is freed). */
+void state_set_record_rows(df_state *s, int rows);
+/* Bytes s holds: KDA states, MLA caches (allocated), rollback record. */
+uint64_t state_bytes(const df_model *m, const df_state *s);
+/* The whole state as bytes: state_blob_size(m, pos) bytes for a state at pos; state_blob_put writes them,
+ * state_blob_get reads them into s (which must be reset; sets s->pos). */
+uint64_t state_blob_size(const df_model *m, int64_t pos);
+void state_blob_put(const df_model *m, const df_state *s, uint8_t *out);
+void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *in);
 
-/* Consumes T tokens as one batch, appending to the state. logits: [T, vocab] if all_rows, else the last
- * row only; NULL skips the head. */
-int model_forward(df_model *m, df_state *s, const int32_t *tokens, int T, float *logits, int all_rows,
-                  df_error *err);
+/* One forward pass over the rows of n_seg sessions (tokens: their rows concatenated, in seg order; each
+ * state appears once): projections, norms, routing and experts run over all rows together, the KDA
+ * recurrence and MLA attention per session on its own state. Appends to every state. A single session's
+ * evaluation is the one-segment case. */
+int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err);
 /* Checks every layer's tensors against the config (names, shapes, dtypes). */
 int model_check(df_model *m, df_error *err);
 

@@ -17,7 +17,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/util.h"
-#include "engine/session_io_stub.h"
 
 #define PCACHE_MAGIC 0x54504644u   /* "DFPT" */
 #define PCACHE_MAX_ENTRIES 1024

@@ -107,8 +107,12 @@ static float *model_logits(const char *dir, const store_opts *so, const int32_t 
     df_state *s = state_new(&m);
     int V = m.cfg.vocab;
     float *out = xmalloc((size_t)(np + nd) * V * sizeof(float));
-    rc = model_forward(&m, s, pre, np, out, 1, err);
-    for (int i = 0; !rc && i < nd; i++) rc = model_forward(&m, s, dec + i, 1, out + (int64_t)(np + i) * V, 1, err);
+    model_seg seg = {.s = s, .T = np, .logits = out, .all_rows = 1};
+    rc = model_forward_batch(&m, &seg, 1, pre, err);
+    for (int i = 0; !rc && i < nd; i++) {
+        seg = (model_seg){.s = s, .T = 1, .logits = out + (int64_t)(np + i) * V, .all_rows = 1};
+        rc = model_forward_batch(&m, &seg, 1, dec + i, err);
+    }
     state_free(s);
     kern_free(&kern);
     config_free(&m.cfg);

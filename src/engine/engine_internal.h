@@ -1,0 +1,31 @@
+/* engine_internal.h — the engine and session structs, shared by the files of src/engine (the public API in
+ * engine.c, session files in session_file.c). */
+#ifndef DF_ENGINE_INTERNAL_H
+#define DF_ENGINE_INTERNAL_H
+
+#include "deltafin.h"
+#include "model/model.h"
+
+struct df_engine {
+    df_store *store;
+    uint64_t tokens_evaluated;
+    uint64_t rollback_replays, rollback_reevals;   /* truncations from the record / by evaluating again */
+    df_kern kern;
+    df_model model;
+    df_model_info info;
+};
+
+struct df_session {
+    df_engine *eng;
+    df_state *state;
+    int32_t *hist;             /* the tokens the state has consumed, [pos] */
+    int64_t hist_cap;
+    int64_t last_start;        /* position where the last evaluation began */
+    float *last_logits;        /* [vocab]: logits after the last token, when last_valid */
+    int last_valid;
+};
+
+/* Makes room for n tokens of history. */
+void session_hist_reserve(df_session *s, int64_t n);
+
+#endif
