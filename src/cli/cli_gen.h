@@ -16,6 +16,7 @@ typedef struct cli_model {
     chat_format fmt;         /* 0 when no chat format was detected */
     int n_vocab;
     float *logits;           /* [n_vocab] */
+    spec *spec;              /* speculative decoding; NULL when off */
 } cli_model;
 
 /* Common flags. Returns 1 if the option was one of these (consumed), 0 if not, -1 on a bad value. */
@@ -24,13 +25,14 @@ typedef struct cli_gen_opts {
     sample_params sp;
     int max_tokens;
     int profile;
+    spec_opts spec;
 } cli_gen_opts;
 
 void cli_gen_opts_default(cli_gen_opts *o);
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
 /* The getopt_long entries cli_gen_parse understands (short options: m: n: t:); terminated by a zero entry
  * at index CLI_GEN_N_LONGOPTS. */
-#define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS)
+#define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS + CLI_SPEC_N_LONGOPTS)
 extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
 const char *cli_gen_usage(void);
 
@@ -60,5 +62,12 @@ void cli_stream_end(cli_stream *o);
 /* Prints one line per generated token: the phase times since the previous call, i.e. of the evaluation
  * that produced this token's logits (the prefill for token 0). */
 void cli_profile_line(cli_model *m, int index, df_profile *prev);
+
+/* One line on stderr: passes, tokens per pass, drafted/accepted of a generation (with speculation on). */
+void cli_spec_summary(const cli_model *m, const gen_result *res);
+/* Writes one JSON object: tokens, passes, tokens_per_pass, drafted, accepted, decode_s, s_per_token and the
+ * disk bytes read between the stats a (before decoding) and b (after), per generated token. */
+int cli_write_stats_json(const char *path, const gen_result *res, const df_stats *a, const df_stats *b,
+                         df_error *err);
 
 #endif

@@ -77,3 +77,27 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
     default: return 0;
     }
 }
+
+int cli_spec_opt(int c, const char *arg, spec_opts *o) {
+    char *end;
+    long v;
+    switch (c) {
+    case CLI_OPT_SPEC:
+        if ((v = spec_parse_mode(arg)) < 0) {
+            fprintf(stderr, "deltafin: --spec: expected off, ngram, draft or auto, got '%s'\n", arg);
+            return -1;
+        }
+        o->mode = (spec_mode)v;
+        return 1;
+    case CLI_OPT_DRAFT: o->draft_dir = arg; return 1;
+    case CLI_OPT_DRAFT_MAX:
+        v = strtol(arg, &end, 10);
+        if (!*arg || *end || v < 1 || v > SPEC_DRAFT_MAX_LIMIT) {
+            fprintf(stderr, "deltafin: --draft-max needs an integer in 1..%d, got '%s'\n", SPEC_DRAFT_MAX_LIMIT, arg);
+            return -1;
+        }
+        o->draft_max = (int)v;
+        return 1;
+    default: return 0;
+    }
+}

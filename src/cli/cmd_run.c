@@ -26,7 +26,8 @@ static void usage(FILE *f) {
     fprintf(f, "usage: deltafin run [-m DIR] (-p TEXT | --tokens 1,2,3) [options]\n"
                "  -p, --prompt TEXT   text prompt (raw completion; with --chat, one user message)\n"
                "  --tokens IDS        token-id prompt; the continuation is printed as ids\n"
-               "  --chat              use the model's chat format and show its reasoning apart\n%s",
+               "  --chat              use the model's chat format and show its reasoning apart\n"
+               "  --stats-json FILE   write the decode counters (tokens, passes, drafted, bytes...) as JSON\n%s",
             cli_gen_usage());
 }
 
@@ -53,14 +54,14 @@ static int run_prompt(cli_model *m, const char *text, const char *ids, int chat,
 }
 
 int cmd_run(int argc, char **argv) {
-    struct option longopts[CLI_GEN_N_LONGOPTS + 5];
+    struct option longopts[CLI_GEN_N_LONGOPTS + 6];
     memcpy(longopts, cli_gen_longopts, sizeof cli_gen_longopts);
     struct option extra[] = {{"prompt", 1, 0, 'p'}, {"tokens", 1, 0, 2001}, {"chat", 0, 0, 2002},
-                             {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                             {"help", 0, 0, 'h'}, {"stats-json", 1, 0, 2003}, {0, 0, 0, 0}};
     memcpy(longopts + CLI_GEN_N_LONGOPTS, extra, sizeof extra);
     cli_gen_opts go;
     cli_gen_opts_default(&go);
-    const char *text = NULL, *ids = NULL;
+    const char *text = NULL, *ids = NULL, *stats_json = NULL;
     int chat = 0, c;
     while ((c = getopt_long(argc, argv, "m:n:t:p:h", longopts, NULL)) != -1) {
         int r = cli_gen_parse(&go, c, optarg);
@@ -68,6 +69,7 @@ int cmd_run(int argc, char **argv) {
         if (c == 'p') text = optarg;
         else if (c == 2001) ids = optarg;
         else if (c == 2002) chat = 1;
+        else if (c == 2003) stats_json = optarg;
         else if (c == 'h') return usage(stdout), 0;
         else {
             if (r < 0) fprintf(stderr, "deltafin run: bad value for %s\n", argv[optind - 1]);
@@ -90,14 +92,17 @@ int cmd_run(int argc, char **argv) {
     cli_stream out = {.m = &m, .ids_only = ids != NULL, .profile = go.profile};
     if (!rc) df_engine_profile(m.eng, &out.prof);   /* token 0's profile line then covers the prefill */
     if (!rc) rc = cli_prefill(&m, prompt.v, (int)prompt.n, &err);
+    df_stats st0 = {0}, st1 = {0};
+    if (!rc) df_engine_stats(m.eng, &st0);
     if (!rc) {
         t1 = df_now();
         int64_t room = df_engine_info(m.eng)->max_context - df_session_pos(m.s) + 1;   /* the last is not fed */
         gen_config gc = {.tok = ids ? NULL : m.tok, .chat = chat, .fmt = m.fmt, .in_reasoning = chat && m.fmt == CHAT_K3,
                          .max_tokens = go.max_tokens < room ? go.max_tokens : (int)room,
-                         .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
+                         .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp, .spec = m.spec};
         rc = gen_run(m.s, &gc, m.logits, m.n_vocab, cli_stream_event, &out, &res, &err);
         if (rc == DF_ECANCELLED) rc = DF_OK;
+        df_engine_stats(m.eng, &st1);
     }
     cli_stream_end(&out);
     if (res.ids.n) fputs("\n", stdout);
@@ -108,6 +113,11 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "prefill %zu tokens in %.2f s (%.1f tokens/s); generated %zu tokens in %.2f s (%.2f tokens/s)\n",
                 prompt.n, t1 - t0, prompt.n / (t1 - t0 + 1e-9), res.ids.n, res.decode_s,
                 res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
+        if (go.profile || m.spec) cli_spec_summary(&m, &res);
+        if (stats_json && cli_write_stats_json(stats_json, &res, &st0, &st1, &err)) {
+            fprintf(stderr, "deltafin run: %s\n", err.msg);
+            rc = DF_EIO;
+        }
     }
     tok_ids_free(&res.ids);
     tok_ids_free(&prompt);

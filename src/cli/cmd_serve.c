@@ -11,11 +11,12 @@
 
 static void serve_usage(FILE *f) {
     fprintf(f, "usage: deltafin serve [-m DIR] [--host 127.0.0.1] [--port 8080] [--api-key KEY] [--queue 16]\n"
-               "                      [--max-tokens 4096] [--threads N] [--keepalive SECONDS] [storage options]\n"
+               "                      [--max-tokens 4096] [--threads N] [--keepalive SECONDS] [--spec MODE]\n"
+               "                      [--draft DIR] [storage options]\n"
                "  OpenAI-compatible server: POST /v1/chat/completions, /v1/completions; GET /v1/models, /health,\n"
                "  /metrics, and a chat page at /. --port 0 picks a free port. The API key may also be given in\n"
                "  DELTAFIN_API_KEY.\n"
-               "storage options:\n" CLI_STORAGE_USAGE);
+               "speculative decoding:\n" CLI_SPEC_USAGE "storage options:\n" CLI_STORAGE_USAGE);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int hi, int *out) {
@@ -33,7 +34,7 @@ int cmd_serve(int argc, char **argv) {
     static const struct option longopts[] = {
         {"model", 1, 0, 'm'},  {"host", 1, 0, 'H'},    {"port", 1, 0, 'p'},      {"api-key", 1, 0, 'k'},
         {"queue", 1, 0, 'q'},  {"max-tokens", 1, 0, 'n'}, {"threads", 1, 0, 't'}, {"keepalive", 1, 0, 'a'},
-        {"help", 0, 0, 'h'},   CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'},   CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
     srv_opts o;
     srv_opts_default(&o);
     o.api_key = getenv("DELTAFIN_API_KEY");
@@ -41,11 +42,17 @@ int cmd_serve(int argc, char **argv) {
     df_engine_opts eo;
     df_engine_opts_default(&eo);
     o.engine = &eo;
+    spec_opts spo;
+    spec_opts_default(&spo);
+    o.spec = &spo;
     int c, bad = 0;
     while ((c = getopt_long(argc, argv, "m:p:t:h", longopts, NULL)) != -1) {
         int so = cli_storage_opt(c, optarg, &eo);
         if (so < 0) return 2;
         if (so) continue;
+        int sp = cli_spec_opt(c, optarg, &spo);
+        if (sp < 0) return 2;
+        if (sp) continue;
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;

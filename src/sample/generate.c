@@ -1,9 +1,13 @@
 /* generate.c — the shared decode loop (generate.h). The last sampled token is not evaluated: nobody needs
- * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed. */
+ * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed. With
+ * speculation a pass evaluates the sampled token and the drafts behind it; the drafts are emitted only as
+ * far as the target's own sampling agrees (sampler_verify), so the output never depends on them. */
 #include "generate.h"
 
+#include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
+#include "sample/spec.h"
 
 typedef struct gen_text {
     chat_splitter *split;
@@ -29,6 +33,84 @@ static void gen_text_finish(gen_text *g, const gen_config *cfg) {
     else utf8_stream_flush(&g->u8, &g->ct.p, &g->ct.len, &g->ct.cap);
 }
 
+/* What one emitted token leads to. */
+enum { EMIT_MORE = 0, EMIT_FINAL, EMIT_CANCELLED };
+
+/* Records id, decodes its text, matches stop strings and reports it to the callback. */
+static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id, const sample_result *sr,
+                    gen_result *res, gen_event_fn cb, void *ctx) {
+    sampler_accept(smp, id);
+    tok_ids_push(&res->ids, id);
+    g->rs.len = g->ct.len = 0;
+    text_buf_clear(&g->out);
+    int ended = id == cfg->eos_id || gen_text_feed(g, cfg, id);
+    int at_limit = !ended && (int)res->ids.n >= cfg->max_tokens;
+    if (ended || at_limit) gen_text_finish(g, cfg);
+    gen_event ev = {.id = id, .sample = sr, .passes = res->passes, .drafted = res->drafted,
+                    .accepted = res->accepted};
+    if (stop_feed(&g->stop, g->ct.p, g->ct.len, &g->out)) {
+        ev.final = 1;
+        ev.finish = GEN_FINISH_STOP;
+    } else if (ended || at_limit) {
+        stop_flush(&g->stop, &g->out);
+        ev.final = 1;
+        ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
+    }
+    ev.content = g->out.p ? g->out.p : "";
+    ev.content_len = g->out.len;
+    ev.reasoning = g->rs.p ? g->rs.p : "";
+    ev.reasoning_len = g->rs.len;
+    res->finish = ev.finish;
+    if (cb && cb(ctx, &ev) && !ev.final) {
+        res->finish = GEN_FINISH_CANCELLED;
+        return EMIT_CANCELLED;
+    }
+    return ev.final ? EMIT_FINAL : EMIT_MORE;
+}
+
+/* A speculative pass: id (emitted, not evaluated) and drafts[0..k) evaluated as one batch; each draft is
+ * verified against the row before it and emitted while the target agrees, then the session goes back to
+ * the kept tokens. *next gets the token to emit after the pass (the target's own choice at the first
+ * disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
+static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen_text *g, int32_t id,
+                         const int32_t *drafts, int k, float *rows, int n_vocab, int32_t *next, sample_result *sr,
+                         gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc, df_error *err) {
+    int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];
+    in[0] = id;
+    memcpy(in + 1, drafts, (size_t)k * sizeof(int32_t));
+    int64_t pos0 = df_session_pos(s);
+    double t0 = df_now();
+    int rc = df_session_eval(s, in, k + 1, rows, 1, err);
+    double t_eval = df_now() - t0;
+    if (rc) return rc;
+    res->passes++;
+    res->n_evaluated++;
+    int j = 0, accepted = 0;
+    res->drafted += k;
+    *emit_rc = EMIT_MORE;
+    for (; j < k; j++) {
+        int32_t t = sampler_verify(smp, rows + (size_t)j * n_vocab, drafts[j], sr);
+        if (t != drafts[j]) {
+            *next = t;
+            break;
+        }
+        accepted++;
+        res->accepted++;
+        *emit_rc = gen_emit(g, cfg, smp, t, sr, res, cb, ctx);
+        if (*emit_rc) break;
+        res->n_evaluated++;
+    }
+    if (j == k) *next = sampler_sample(smp, rows + (size_t)k * n_vocab, sr);
+    double rollback = -1;
+    if (j < k) {   /* the session keeps id and the drafts before j */
+        t0 = df_now();
+        rc = df_session_truncate(s, pos0 + 1 + j, err);
+        rollback = df_now() - t0;
+    }
+    spec_observe(cfg->spec, k + 1, accepted, t_eval, rollback);
+    return rc;
+}
+
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err) {
     memset(res, 0, sizeof *res);
@@ -40,47 +122,46 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
     if (cfg->chat && cfg->tok) g.split = chat_splitter_new(cfg->tok, cfg->fmt, cfg->in_reasoning);
     utf8_stream_init(&g.u8);
     stop_init(&g.stop, cfg->stop, cfg->n_stop);
+    int kmax = cfg->spec ? spec_draft_max(cfg->spec) : 0;
+    float *rows = kmax ? xmalloc((size_t)(kmax + 1) * n_vocab * sizeof(float)) : NULL;
+    int32_t drafts[SPEC_DRAFT_MAX_LIMIT];
     double t0 = df_now();
     int rc = DF_OK;
-    for (int i = 0;; i++) {
-        sample_result sr;
-        int32_t id = sampler_sample(&smp, logits, &sr);
-        sampler_accept(&smp, id);
-        tok_ids_push(&res->ids, id);
-        g.rs.len = g.ct.len = 0;
-        text_buf_clear(&g.out);
-        int ended = id == cfg->eos_id || gen_text_feed(&g, cfg, id);
-        int at_limit = !ended && i + 1 >= cfg->max_tokens;
-        if (ended || at_limit) gen_text_finish(&g, cfg);
-        gen_event ev = {.id = id, .sample = &sr};
-        if (stop_feed(&g.stop, g.ct.p, g.ct.len, &g.out)) {
-            ev.final = 1;
-            ev.finish = GEN_FINISH_STOP;
-        } else if (ended || at_limit) {
-            stop_flush(&g.stop, &g.out);
-            ev.final = 1;
-            ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
+    sample_result sr;
+    int32_t id = sampler_sample(&smp, logits, &sr);
+    for (;;) {
+        int e = gen_emit(&g, cfg, &smp, id, &sr, res, cb, ctx);
+        int k = 0;
+        if (!e && cfg->spec) {
+            k = spec_propose(cfg->spec, s, id, cfg->max_tokens - (int)res->ids.n, drafts, err);
+            if (k < 0) {
+                rc = k;
+                break;
+            }
         }
-        ev.content = g.out.p ? g.out.p : "";
-        ev.content_len = g.out.len;
-        ev.reasoning = g.rs.p ? g.rs.p : "";
-        ev.reasoning_len = g.rs.len;
-        res->finish = ev.finish;
-        if (cb && cb(ctx, &ev) && !ev.final) {
-            res->finish = GEN_FINISH_CANCELLED;
+        if (!e && k) {
+            rc = gen_spec_pass(s, cfg, &smp, &g, id, drafts, k, rows, n_vocab, &id, &sr, res, cb, ctx, &e, err);
+            if (!rc && !e) continue;
+        } else if (!e) {
+            double te = df_now();
+            rc = df_session_eval(s, &id, 1, logits, 0, err);
+            if (!rc) {
+                res->passes++;
+                res->n_evaluated++;
+                if (cfg->spec) spec_observe(cfg->spec, 1, 0, df_now() - te, -1);
+                id = sampler_sample(&smp, logits, &sr);
+                continue;
+            }
+        }
+        if (e == EMIT_CANCELLED) {
             df_error_set(err, DF_ECANCELLED, "generation cancelled");
             rc = DF_ECANCELLED;
-            break;
         }
-        if (ev.final) break;
-        rc = df_session_eval(s, &id, 1, logits, 0, err);
-        if (rc) {
-            if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
-            break;
-        }
-        res->n_evaluated++;
+        if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
+        break;
     }
     res->decode_s = df_now() - t0;
+    free(rows);
     if (g.split) chat_splitter_free(g.split);
     chat_text_free(&g.rs);
     chat_text_free(&g.ct);

@@ -46,6 +46,11 @@ void metrics_text(srv *s, text_buf *o) {
     metric(o, "deltafin_decode_seconds_total", "counter", "Time spent generating tokens.", m->decode_s);
     metric(o, "deltafin_seconds_per_token", "gauge", "Decode time per token of the last generation.",
            m->last_s_per_token);
+    metric(o, "deltafin_decode_passes_total", "counter",
+           "Forward passes after the prompts (each verifies the drafted tokens of its pass).", (double)m->decode_passes);
+    metric(o, "deltafin_drafted_tokens_total", "counter", "Tokens drafted by speculative decoding and verified.",
+           (double)m->drafted);
+    metric(o, "deltafin_accepted_tokens_total", "counter", "Drafted tokens the model kept.", (double)m->accepted);
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
     metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
            (double)m->engine.expert_misses);

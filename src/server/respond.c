@@ -137,9 +137,11 @@ void respond_sse_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *
 }
 
 static json_t *usage_json(const srv_job *j) {
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", (int)j->prompt.n, "completion_tokens", j->n_gen,
-                     "total_tokens", (int)j->prompt.n + j->n_gen, "prompt_tokens_details", "cached_tokens",
-                     j->n_reused);
+    /* speculative decoding's drafts, in the fields OpenAI uses for predicted outputs */
+    return json_pack("{s:i,s:i,s:i,s:{s:i},s:{s:i,s:i}}", "prompt_tokens", (int)j->prompt.n, "completion_tokens",
+                     j->n_gen, "total_tokens", (int)j->prompt.n + j->n_gen, "prompt_tokens_details", "cached_tokens",
+                     j->n_reused, "completion_tokens_details", "accepted_prediction_tokens", j->accepted,
+                     "rejected_prediction_tokens", j->drafted - j->accepted);
 }
 
 void respond_sse_end(const srv *s, srv_job *j, text_buf *out) {

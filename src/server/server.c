@@ -36,6 +36,7 @@ static char *model_id_of(const char *dir) {
 
 static void srv_free(srv *s) {
     if (s->sess) df_session_free(s->sess);
+    spec_free(s->spec);
     if (s->eng) df_engine_free(s->eng);
     if (s->tok) tokenizer_free(s->tok);
     tok_ids_free(&s->hist);
@@ -67,6 +68,11 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
     eo.n_threads = o->n_threads;
     int rc = df_engine_open(&s->eng, &eo, err);
     if (!rc) rc = df_session_init(&s->sess, s->eng, err);
+    spec_opts so;
+    spec_opts_default(&so);
+    if (o->spec) so = *o->spec;
+    so.n_threads = o->n_threads;
+    if (!rc && so.mode != SPEC_OFF) rc = spec_init(&s->spec, &so, s->eng, err);
     if (!rc) rc = tokenizer_load_dir(&s->tok, o->model_dir, err);
     if (rc) {
         srv_free(s);

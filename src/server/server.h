@@ -6,6 +6,7 @@
 
 #include <stddef.h>
 #include "deltafin.h"
+#include "sample/spec.h"
 
 typedef struct srv_opts {
     const char *model_dir;
@@ -18,6 +19,7 @@ typedef struct srv_opts {
     double keepalive_s;       /* SSE comment while nothing else is sent (default 5 s) */
     size_t max_body;          /* request body limit in bytes (default 16 MiB) */
     const df_engine_opts *engine;   /* storage options etc. (model_dir, n_threads above win); NULL = defaults */
+    const spec_opts *spec;    /* speculative decoding; NULL = the defaults (auto, n-gram drafts) */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);

@@ -19,6 +19,7 @@ typedef struct srv_metrics {
     uint64_t status_count[SRV_N_STATUS];
     uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled;
     double prefill_s, decode_s, last_s_per_token;
+    uint64_t decode_passes, drafted, accepted;   /* speculative decoding */
     df_stats engine;   /* snapshot taken by the worker between evaluations */
 } srv_metrics;
 
@@ -45,6 +46,7 @@ typedef struct srv_job {
     void *logprobs;              /* json_t*: chat "content" array or completions arrays object */
     size_t text_offset;
     int n_prompt, n_gen, n_reused;
+    int drafted, accepted;       /* speculative decoding, so far */
     gen_finish finish;
     char id[48];
     long long created;
@@ -56,6 +58,7 @@ struct srv {
     char *model_id;
     df_engine *eng;
     df_session *sess;
+    spec *spec;                  /* NULL when speculation is off */
     const df_model_info *info;
     tokenizer *tok;
     chat_format fmt;

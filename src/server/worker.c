@@ -110,6 +110,8 @@ static int worker_on_event(void *ctx, const gen_event *ev) {
     worker_ctx *w = ctx;
     srv_job *j = w->j;
     j->n_gen++;
+    j->drafted = ev->drafted;
+    j->accepted = ev->accepted;
     if (j->req.stream) {
         text_buf chunk = {0};
         respond_sse_event(w->s, j, ev, &chunk);
@@ -157,7 +159,8 @@ static void worker_run(srv *s, srv_job *j) {
     if (!rc) {
         gen_config cfg = {.tok = s->tok, .chat = j->chat, .fmt = s->fmt, .in_reasoning = j->in_reasoning,
                           .max_tokens = j->max_tokens, .eos_id = s->info->eos_id,
-                          .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .sp = j->req.sp};
+                          .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .sp = j->req.sp,
+                          .spec = s->spec};
         worker_ctx w = {s, j};
         rc = gen_run(s->sess, &cfg, s->logits, s->info->vocab_size, worker_on_event, &w, &res, &err);
         j->finish = res.finish;
@@ -178,6 +181,9 @@ static void worker_run(srv *s, srv_job *j) {
     s->m.generated_tokens += res.ids.n;
     s->m.prefill_s += t1 - t0;
     s->m.decode_s += t2 - t1;
+    s->m.decode_passes += (uint64_t)res.passes;
+    s->m.drafted += (uint64_t)res.drafted;
+    s->m.accepted += (uint64_t)res.accepted;
     if (res.ids.n) s->m.last_s_per_token = (t2 - t1) / (double)res.ids.n;
     if (rc == DF_ECANCELLED) s->m.cancelled++;
     pthread_mutex_unlock(&s->m.mu);
