@@ -21,7 +21,7 @@
 #define ACCEPT_DECAY 0.95         /* weight of older observations, per observation of the same source */
 #define TIME_EMA 0.25
 #define GAIN_MIN 1.03             /* drafting must promise this much more tokens per second than a plain pass */
-#define PROBE_SHARE 0.02          /* probes may cost at most this fraction of the decoding time */
+#define PROBE_SHARE 0.01          /* probes may cost at most this fraction of the decoding time */
 #define PROBE_MIN_GAP 16          /* passes between probes, at least */
 
 typedef struct {
