@@ -16,6 +16,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "bench_spec.h"
 #include "cli.h"
 #include "cli_opts.h"
 #include "common/util.h"
@@ -198,6 +199,10 @@ static void usage(FILE *f) {
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
                "  breakdown, disk bytes per token, cache hit rate, read GB/s and the I/O floor\n"
                "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
+               "  --prompts FILE    decode N tokens after each prompt of a set (JSON lines {\"kind\",\"text\"},\n"
+               "                    e.g. bench/spec_prompts.jsonl) instead of the random prompt\n"
+               "  --kind K          only the prompts of this kind (repetitive, prose)\n"
+               "speculative decoding (default off here, so the plain decode is what is measured):\n" CLI_SPEC_USAGE
                "storage options:\n" CLI_STORAGE_USAGE
                "(`deltafin bench kernels` benchmarks the matmul kernels)\n");
 }
@@ -210,6 +215,8 @@ typedef struct bench_result {
     df_stats s0, s1, s2;     /* after open, after prefill, after decode */
     df_profile prof;
     int32_t *tokens;
+    int passes, drafted, accepted;
+    const char *spec;        /* speculation mode */
 } bench_result;
 
 static void print_result(const bench_result *r, int json, const char *dir) {
@@ -225,7 +232,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
              pre_req = r->s1.expert_requests - r->s0.expert_requests;
     if (json) {
-        printf("{\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
+        printf("{\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
+               r->passes, r->passes ? n / r->passes : 0, r->drafted, r->accepted);
+        printf("\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
                "\"floor_ratio\":%.4f,\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
@@ -272,6 +281,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  per token: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->prof.spine_read / n, r->prof.expert_read / n,
            r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
+    printf("  speculation %s: %d passes, %.2f tokens/pass, drafted %d, accepted %d\n", r->spec, r->passes,
+           r->passes ? n / r->passes : 0, r->drafted, r->accepted);
     if (r->s2.lookahead_requests || la_loads)
         printf("  look-ahead: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n", 100 * recall,
                la_loads / n);
@@ -279,20 +290,28 @@ static void print_result(const bench_result *r, int json, const char *dir) {
 }
 
 int bench_model(int argc, char **argv) {
-    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE };
+    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_PROMPTS, OPT_KIND };
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, OPT_JSON}, {"prompt", 1, 0, OPT_PROMPT},
                                        {"threads", 1, 0, 't'}, {"probe-gb", 1, 0, OPT_PROBE}, {"help", 0, 0, 'h'},
-                                       CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+                                       {"prompts", 1, 0, OPT_PROMPTS}, {"kind", 1, 0, OPT_KIND},
+                                       CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     int json = 0, c, n = 8, prompt = 8;
     double probe_gb = 1.5;
+    bench_spec_args sa = {0};
+    spec_opts_default(&sa.spec);
+    sa.spec.mode = SPEC_OFF;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:h", lo, NULL)) != -1) {
         int s = cli_storage_opt(c, optarg, &opts);
         if (s < 0) return 2;
         if (s) continue;
+        if ((s = cli_spec_opt(c, optarg, &sa.spec)) < 0) return 2;
+        if (s) continue;
         switch (c) {
+        case OPT_PROMPTS: sa.prompts_path = optarg; break;
+        case OPT_KIND: sa.kind = optarg; break;
         case 'm': opts.model_dir = optarg; break;
         case 'n': n = atoi(optarg); break;
         case 't': opts.n_threads = atoi(optarg); break;
@@ -311,7 +330,8 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    bench_result r = {.n = n, .prompt = prompt};
+    bench_result r = {.n = n, .prompt = prompt, .passes = n, .spec = spec_mode_name(sa.spec.mode)};
+    int spec_path = sa.spec.mode != SPEC_OFF || sa.prompts_path;
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
     if (probe_init(&r.probe, opts.model_dir, perr, sizeof perr) || probe_all(&r.probe, probe_limit, perr, sizeof perr)) {
@@ -333,7 +353,34 @@ int bench_model(int argc, char **argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = V ? (int32_t)(x % (uint64_t)V) : 0;
     }
-    if (!rc) {
+    bench_spec_result br = {0};
+    if (!rc && spec_path) {   /* prefills happen inside: counters and profile cover the decode phases only */
+        df_engine_stats(eng, &r.s0);
+        r.s1 = r.s0;
+        df_engine_profile_reset(eng);
+        sa.model_dir = opts.model_dir;
+        sa.spec.n_threads = opts.n_threads;
+        sa.random_prompt = ids;
+        sa.n_random = prompt;
+        sa.n = n;
+        rc = bench_spec_decode(eng, s, &sa, &br, &err);
+        if (!rc) {
+            r.n = (int)br.tokens.n;
+            r.tokens = xrealloc(r.tokens, sizeof *r.tokens * (br.tokens.n ? br.tokens.n : 1));
+            memcpy(r.tokens, br.tokens.v, br.tokens.n * sizeof *r.tokens);
+            r.prompt = br.prompt_tokens;
+            r.prefill_s = br.prefill_s;
+            r.decode_s = br.decode_s;
+            r.passes = br.passes;
+            r.drafted = br.drafted;
+            r.accepted = br.accepted;
+            df_engine_stats(eng, &r.s2);
+            bench_spec_shift(&r.s2, &r.s1, &br.delta);
+            r.prof = br.prof;
+            r.rss_peak = budget_rss_peak();
+        }
+        tok_ids_free(&br.tokens);
+    } else if (!rc) {
         df_engine_stats(eng, &r.s0);
         double t0 = df_now();
         rc = df_session_eval(s, ids, prompt, logits, 0, &err);
@@ -342,12 +389,12 @@ int bench_model(int argc, char **argv) {
         df_engine_profile_reset(eng);
     }
     double t1 = df_now();
-    for (int i = 0; !rc && i < n; i++) {
+    for (int i = 0; !rc && !spec_path && i < n; i++) {
         r.tokens[i] = argmax(logits, V);
         rc = df_session_eval(s, &r.tokens[i], 1, logits, 0, &err);
     }
-    r.decode_s = df_now() - t1;
-    if (!rc) {
+    if (!spec_path) r.decode_s = df_now() - t1;
+    if (!rc && !spec_path) {
         df_engine_stats(eng, &r.s2);
         df_engine_profile(eng, &r.prof);
         r.rss_peak = budget_rss_peak();

@@ -41,7 +41,7 @@ enum { CLI_OPT_SPEC = 0x1600, CLI_OPT_DRAFT, CLI_OPT_DRAFT_MAX };
     "  --spec MODE       speculative decoding, lossless: off, ngram (prompt lookup), draft (--draft model) or\n" \
     "                    auto (default: drafts only while they measurably pay)\n"                               \
     "  --draft DIR       draft model with the same vocabulary (e.g. models/draft for the bundled model)\n"      \
-    "  --draft-max K     most tokens drafted per pass (default 6)\n"
+    "  --draft-max K     most tokens drafted per pass (default 4)\n"
 
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);

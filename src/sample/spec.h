@@ -11,7 +11,7 @@
 
 typedef enum { SPEC_OFF = 0, SPEC_NGRAM, SPEC_DRAFT, SPEC_AUTO } spec_mode;
 
-#define SPEC_DRAFT_MAX_DEFAULT 6   /* most tokens drafted per pass (--draft-max) */
+#define SPEC_DRAFT_MAX_DEFAULT 4   /* most tokens drafted per pass (--draft-max) */
 #define SPEC_DRAFT_MAX_LIMIT 32
 #define SPEC_NGRAM_BUCKETS 5       /* acceptance kept apart for suffix matches of 1, 2, 3, 4-7, 8+ tokens */
 
