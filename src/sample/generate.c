@@ -1,7 +1,12 @@
 /* generate.c — the shared decode loop (generate.h). The last sampled token is not evaluated: nobody needs
- * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed. With
- * speculation a pass evaluates the sampled token and the drafts behind it; the drafts are emitted only as
- * far as the target's own sampling agrees (sampler_verify), so the output never depends on them. */
+ * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed.
+ *
+ * With speculation a pass evaluates the sampled token and the drafts behind it, and each row is sampled
+ * exactly as without speculation; a draft is kept while it equals what was sampled. For a draft x (a
+ * one-hot proposal) that is the standard rejection rule: x is accepted with probability p(x), and on
+ * rejection the token drawn is distributed as p without x, renormalised. Because every emitted token
+ * takes one draw of the sampler's generator in the same order as without speculation, a seed gives the
+ * same tokens whether and however much was drafted (greedy: the argmax, as always). */
 #include "generate.h"
 
 #include <stdlib.h>
@@ -69,8 +74,8 @@ static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id
 }
 
 /* A speculative pass: id (emitted, not evaluated) and drafts[0..k) evaluated as one batch; each draft is
- * verified against the row before it and emitted while the target agrees, then the session goes back to
- * the kept tokens. *next gets the token to emit after the pass (the target's own choice at the first
+ * checked against the token sampled from the row before it and emitted while they agree, then the session
+ * goes back to the kept tokens. *next gets the token to emit after the pass (the target's own choice at the first
  * disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
 static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen_text *g, int32_t id,
                          const int32_t *drafts, int k, float *rows, int n_vocab, int32_t *next, sample_result *sr,
@@ -89,7 +94,7 @@ static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen
     res->drafted += k;
     *emit_rc = EMIT_MORE;
     for (; j < k; j++) {
-        int32_t t = sampler_verify(smp, rows + (size_t)j * n_vocab, drafts[j], sr);
+        int32_t t = sampler_sample(smp, rows + (size_t)j * n_vocab, sr);
         if (t != drafts[j]) {
             *next = t;
             break;

@@ -130,9 +130,8 @@ static int32_t sampler_greedy(const float *logits, int n) {
     return b;
 }
 
-/* Temperature, top-k, min-p, top-p: the candidates s->idx[0..n) with weights s->val[0..n) summing to *total;
- * 0 candidates when every logit is -inf. */
-static int sampler_filter(sampler *s, const float *logits, double *total_out) {
+/* Temperature, top-k, min-p, top-p, then one draw. */
+static int32_t sampler_draw(sampler *s, const float *logits) {
     int n = s->n_vocab, nc;
     int32_t *idx = s->idx;
     int sorted = 0;
@@ -144,7 +143,6 @@ static int sampler_filter(sampler *s, const float *logits, double *total_out) {
         nc = n;
     }
     float m = logits[sampler_greedy(logits, n)];
-    *total_out = 0;
     if (m == -INFINITY) return 0;
     float inv_t = 1.0f / s->p.temperature;
     float *p = s->val;
@@ -182,58 +180,12 @@ static int sampler_filter(sampler *s, const float *logits, double *total_out) {
             }
         }
     }
-    *total_out = total;
-    return nc;
-}
-
-/* One draw from the weights of sampler_filter, leaving out id skip (-1: none) whose weight is skip_w. */
-static int32_t sampler_pick(sampler *s, int nc, double total, int32_t skip, double skip_w) {
-    double u = sample_rng_uniform(&s->rng) * (total - skip_w), acc = 0;
-    int32_t last = -1;
+    double u = sample_rng_uniform(&s->rng) * total, acc = 0;
     for (int i = 0; i < nc; i++) {
-        if (s->idx[i] == skip) continue;
-        acc += s->val[i];
-        last = s->idx[i];
-        if (u < acc) return last;
+        acc += p[i];
+        if (u < acc) return idx[i];
     }
-    return last;
-}
-
-static int32_t sampler_draw(sampler *s, const float *logits) {
-    double total;
-    int nc = sampler_filter(s, logits, &total);
-    return nc ? sampler_pick(s, nc, total, -1, 0) : 0;
-}
-
-int sampler_dist(sampler *s, float *logits, const int32_t **ids, const float **w, double *total) {
-    DF_ASSERT(s->p.temperature > 0);
-    sampler_penalise(s, logits);
-    int nc = sampler_filter(s, logits, total);
-    *ids = s->idx;
-    *w = s->val;
-    return nc;
-}
-
-int32_t sampler_verify(sampler *s, float *logits, int32_t draft, sample_result *out) {
-    int32_t id;
-    if (s->p.temperature <= 0) {
-        sampler_penalise(s, logits);
-        id = sampler_greedy(logits, s->n_vocab);
-    } else {
-        const int32_t *ids;
-        const float *w;
-        double total, wd = 0;
-        int nc = sampler_dist(s, logits, &ids, &w, &total);
-        for (int i = 0; i < nc; i++)
-            if (ids[i] == draft) wd = w[i];
-        /* accept with probability p(draft); else draw from p without the draft, renormalised */
-        if (!nc) id = 0;
-        else if (sample_rng_uniform(&s->rng) * total < wd) id = draft;
-        else id = sampler_pick(s, nc, total, draft, wd);
-        if (id < 0) id = draft;   /* the draft held all the mass: rejection is then impossible anyway */
-    }
-    if (out) sampler_logprobs(s, logits, id, out);
-    return id;
+    return idx[nc - 1];
 }
 
 int32_t sampler_sample(sampler *s, float *logits, sample_result *out) {

@@ -59,13 +59,5 @@ void sampler_free(sampler *s);
 void sampler_accept(sampler *s, int32_t id);
 /* Picks a token from logits[n_vocab] (modified in place: penalties are applied). out may be NULL. */
 int32_t sampler_sample(sampler *s, float *logits, sample_result *out);
-/* The distribution sampler_sample draws from when temperature > 0 (penalties applied to logits in place,
- * then temperature, top-k, min-p, top-p): *ids[0..n) with unnormalised weights *w[0..n) summing to *total
- * (views into the sampler's scratch, valid until its next call). Returns n (0: every logit was -inf). */
-int sampler_dist(sampler *s, float *logits, const int32_t **ids, const float **w, double *total);
-/* Like sampler_sample, for a position where a draft proposed token draft: greedy returns the argmax; with
- * sampling, draft is kept with probability p(draft) and otherwise a token is drawn from p with draft removed
- * (renormalised), so the result is distributed exactly as sampler_sample's. */
-int32_t sampler_verify(sampler *s, float *logits, int32_t draft, sample_result *out);
 
 #endif

@@ -147,17 +147,18 @@ static double est_rate(const accept_est *e) { return e->acc / (e->acc + e->rej);
 /* Until a rollback was measured it is assumed to cost a plain pass. */
 static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : sp->t_rows[1]; }
 
-/* Pass time with r rows: measured, else the one-row time plus the slope the measured rows show (a quarter
- * of a pass per row until some are measured). */
+/* Pass time with r rows: measured, else the one-row time plus the mean slope of the measured rows (a
+ * quarter of a pass per row until some are measured). */
 static double pass_time(const spec *sp, int r) {
     if (sp->t_rows[r] > 0) return sp->t_rows[r];
-    double t1 = sp->t_rows[1], slope = 0.25 * t1, w = 1;
+    double t1 = sp->t_rows[1], slope = 0;
+    int n = 0;
     for (int i = 2; i <= sp->o.draft_max + 1; i++)
         if (sp->t_rows[i] > 0) {
-            slope = (slope * w + (sp->t_rows[i] - t1) / (i - 1)) / (w + 1);
-            w++;
+            slope += (sp->t_rows[i] - t1) / (i - 1);
+            n++;
         }
-    return t1 + slope * (r - 1);
+    return t1 + (n ? DF_MAX(slope / n, 0.0) : 0.25 * t1) * (r - 1);
 }
 
 /* The best number of drafts (up to kmax) from a source, and the tokens per second it promises. */

@@ -2,7 +2,7 @@
  * n-grams, or a small draft model with the same vocabulary kept in step with the target's accepted tokens)
  * and a cost model that decides, pass by pass, whether drafting pays and how many tokens to draft, from the
  * acceptance and pass times this run has measured. Verification itself lives in the decode loop
- * (generate.c) and the sampler (sampler_verify), so that what is emitted never depends on the drafts. */
+ * (generate.c), so that what is emitted never depends on the drafts. */
 #ifndef DF_SPEC_H
 #define DF_SPEC_H
 

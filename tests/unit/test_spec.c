@@ -1,11 +1,11 @@
 /* test_spec.c — speculative decoding is lossless and its cost model keeps it off where it does not pay.
  *  - prompt lookup: the longest earlier occurrence of a suffix, the most recent among equals;
- *  - the sampling rule against its formula: sampler_dist equals an independent computation of the filtered
- *    distribution, and sampler_verify's outputs follow it on a tiny vocabulary (seeded, so the counts are
- *    the same every run; the bound is 5 standard deviations);
- *  - greedy decoding gives the same tokens with and without speculation (n-gram, draft model, auto) on every
- *    fixture and on the bundled model over many prompts, also with a streamed spine and a 1-slot expert
- *    cache; the session then holds exactly the kept tokens, and its state continues like a fresh one;
+ *  - the sampling rule against its formula on a tiny vocabulary, with every sampling filter and a penalty
+ *    (seeded, so the counts are the same every run; the bound is 5 standard deviations);
+ *  - greedy decoding, and sampling with a seed, give the same tokens with and without speculation (n-gram,
+ *    draft model, auto) on every fixture and on the bundled model over many prompts, also with a streamed
+ *    spine and a 1-slot expert cache; the session then holds exactly the kept tokens, and its state
+ *    continues like a fresh one;
  *  - the cost model on simulated pass times: drafts that always fail cost at most a few percent, drafts that
  *    succeed are used at full length. */
 #include <math.h>
@@ -75,10 +75,13 @@ static void ref_dist(const float *logits, const sample_params *p, double *out) {
     for (int i = 0; i < TV; i++) out[i] = w[i] / tot;
 }
 
+/* The decode loop verifies a draft x by sampling the row as it would without speculation and keeping x iff
+ * the sample equals it. Checked here against the rejection rule's formula: x accepted with probability
+ * p(x), and after a rejection the token distributed as p(y) / (1 - p(x)) for y != x. */
 static void test_sampling_rule(void) {
     static const float logits[TV] = {2.0f, 1.5f, 1.0f, 0.2f, -0.5f, -3.0f};
-    sample_params cfgs[5];
-    for (int i = 0; i < 5; i++) {
+    sample_params cfgs[6];
+    for (int i = 0; i < 6; i++) {
         sample_params_default(&cfgs[i]);
         cfgs[i].seed = 1234 + (uint64_t)i;
     }
@@ -86,75 +89,41 @@ static void test_sampling_rule(void) {
     cfgs[2].temperature = 1.3f, cfgs[2].top_p = 0.8f;
     cfgs[3].min_p = 0.2f;
     cfgs[4].temperature = 0.9f, cfgs[4].top_k = 5, cfgs[4].top_p = 0.9f, cfgs[4].min_p = 0.05f;
+    cfgs[5].presence_penalty = 1.0f;   /* applied to token 0, generated before */
     enum { N = 100000 };
-    for (int c = 0; c < 5; c++) {
-        double want[TV];
-        ref_dist(logits, &cfgs[c], want);
+    for (int c = 0; c < 6; c++) {
+        float pen[TV];
+        memcpy(pen, logits, sizeof pen);
+        if (c == 5) pen[0] -= 1.0f;
+        double p[TV];
+        ref_dist(pen, &cfgs[c], p);
         sampler s;
         sampler_init(&s, &cfgs[c], TV);
-        float l[TV];
-        memcpy(l, logits, sizeof l);
-        const int32_t *ids;
-        const float *w;
-        double total, got[TV] = {0}, worst = 0;
-        int n = sampler_dist(&s, l, &ids, &w, &total);
-        for (int i = 0; i < n; i++) got[ids[i]] += w[i] / total;
-        for (int i = 0; i < TV; i++) worst = fmax(worst, fabs(got[i] - want[i]));
-        CHECK(worst < 1e-6, "sampling config %d: sampler_dist equals the reference distribution (max diff %.2g)", c,
-              worst);
+        if (c == 5) sampler_accept(&s, 0);
         int drafts[3] = {0, 2, 5};   /* likely, middling, and one the filters may remove (p = 0) */
         for (int d = 0; d < 3; d++) {
-            int count[TV] = {0};
+            int x = drafts[d], acc = 0, rej[TV] = {0};
+            float l[TV];
             for (int t = 0; t < N; t++) {
                 memcpy(l, logits, sizeof l);
-                int32_t id = sampler_verify(&s, l, drafts[d], NULL);
-                if (id >= 0 && id < TV) count[id]++;
+                int32_t y = sampler_sample(&s, l, NULL);
+                if (y == x) acc++;
+                else if (y >= 0 && y < TV) rej[y]++;
             }
-            int ok = 1;
-            double dev = 0;
-            for (int i = 0; i < TV; i++) {
-                double f = (double)count[i] / N, sd = sqrt(want[i] * (1 - want[i]) / N);
-                if (fabs(f - want[i]) > 5 * sd + 1e-12) ok = 0;
-                dev = fmax(dev, sd > 0 ? fabs(f - want[i]) / sd : fabs(f - want[i]) * 1e12);
+            double fa = (double)acc / N, sa = sqrt(p[x] * (1 - p[x]) / N);
+            int ok = fabs(fa - p[x]) <= 5 * sa + 1e-12, n_rej = N - acc;
+            double worst = sa > 0 ? fabs(fa - p[x]) / sa : 0;
+            for (int y = 0; y < TV && n_rej; y++) {
+                if (y == x) continue;
+                double q = p[y] / (1 - p[x]), f = (double)rej[y] / n_rej, sd = sqrt(q * (1 - q) / n_rej);
+                if (fabs(f - q) > 5 * sd + 1e-12) ok = 0;
+                worst = fmax(worst, sd > 0 ? fabs(f - q) / sd : fabs(f - q) * 1e12);
             }
-            CHECK(ok, "sampling config %d, draft %d (p = %.4f): accepted %.4f of %d, every output frequency within "
-                  "5 sd of p (worst %.2f sd)", c, drafts[d], want[drafts[d]], (double)count[drafts[d]] / N, N, dev);
+            CHECK(ok, "sampling config %d, draft %d: accepted %.4f of %d times (p = %.4f); after a rejection every "
+                  "token at p(y)/(1-p(x)); all within 5 sd (worst %.2f sd)", c, x, fa, N, p[x], worst);
         }
         sampler_free(&s);
     }
-    /* penalties apply before verification, as before sampling */
-    sample_params pp;
-    sample_params_default(&pp);
-    pp.presence_penalty = 1.0f;
-    pp.seed = 99;
-    sampler s;
-    sampler_init(&s, &pp, TV);
-    sampler_accept(&s, 0);
-    float l[TV];
-    memcpy(l, logits, sizeof l);
-    l[0] -= 1.0f;
-    double want[TV];
-    ref_dist(l, &pp, want);
-    int count[TV] = {0};
-    for (int t = 0; t < N; t++) {
-        memcpy(l, logits, sizeof l);
-        count[sampler_verify(&s, l, 0, NULL)]++;
-    }
-    double f0 = (double)count[0] / N;
-    CHECK(fabs(f0 - want[0]) <= 5 * sqrt(want[0] * (1 - want[0]) / N),
-          "presence penalty: the draft is accepted with its penalised probability (%.4f vs %.4f)", f0, want[0]);
-    sampler_free(&s);
-    /* greedy: the argmax, whatever the draft */
-    sample_params gp;
-    sample_params_default(&gp);
-    gp.temperature = 0;
-    sampler_init(&s, &gp, TV);
-    memcpy(l, logits, sizeof l);
-    int32_t a = sampler_verify(&s, l, 3, NULL);
-    memcpy(l, logits, sizeof l);
-    int32_t b = sampler_verify(&s, l, 0, NULL);
-    CHECK(a == 0 && b == 0, "greedy verification returns the argmax (%d, %d)", a, b);
-    sampler_free(&s);
 }
 
 /* ---- greedy equality ---------------------------------------------------------------------------------- */
@@ -226,19 +195,15 @@ typedef struct mode_case {
     int expect;
 } mode_case;
 
-/* Greedy decoding of each prompt without speculation and then in each mode. */
-static void check_greedy(const char *label, const df_engine_opts *eo, const mode_case *modes, int n_modes,
-                         int32_t *const *prompts, const int *np, int n_prompts, int n_tok) {
-    df_engine *eng = NULL;
+/* Decoding of each prompt without speculation and then in each mode, greedy and sampled. */
+static void check_modes(df_engine *eng, const char *label, const mode_case *modes, int n_modes,
+                        int32_t *const *prompts, const int *np, int n_prompts, int n_tok, const sample_params *gp,
+                        int sm) {
     df_error err = {0};
-    int rc = df_engine_open(&eng, eo, &err);
-    CHECK(!rc, "%s: opens (%s)", label, err.msg);
-    if (rc) return;
-    sample_params gp;
-    sample_params_default(&gp);
-    gp.temperature = 0;
+    int rc;
+    const char *how = sm ? "sampled (seed 7)" : "greedy";
     run_out *ref = xcalloc((size_t)n_prompts, sizeof *ref);
-    for (int i = 0; i < n_prompts; i++) decode(eng, NULL, prompts[i], np[i], n_tok, &gp, &ref[i], &err);
+    for (int i = 0; i < n_prompts; i++) decode(eng, NULL, prompts[i], np[i], n_tok, gp, &ref[i], &err);
     for (int m = 0; m < n_modes; m++) {
         spec_opts so;
         spec_opts_default(&so);
@@ -253,7 +218,7 @@ static void check_greedy(const char *label, const df_engine_opts *eo, const mode
         int diff = 0, bad_state = 0, tokens = 0, passes = 0, drafted = 0, accepted = 0;
         for (int i = 0; i < n_prompts; i++) {
             run_out o;
-            rc = decode(eng, sp, prompts[i], np[i], n_tok, &gp, &o, &err);
+            rc = decode(eng, sp, prompts[i], np[i], n_tok, gp, &o, &err);
             if (rc || !same_ids(&o.ids, &ref[i].ids)) diff++;
             if (!o.state_ok) bad_state++;
             tokens += (int)o.ids.n;
@@ -262,9 +227,13 @@ static void check_greedy(const char *label, const df_engine_opts *eo, const mode
             accepted += o.accepted;
             tok_ids_free(&o.ids);
         }
-        CHECK(diff == 0, "%s, %s: greedy tokens identical to decoding without speculation on %d prompts x %d "
-              "tokens (%d differ; %.2f tokens/pass, drafted %d, accepted %d)", label, modes[m].name, n_prompts,
+        CHECK(diff == 0, "%s, %s: %s tokens identical to decoding without speculation on %d prompts x %d "
+              "tokens (%d differ; %.2f tokens/pass, drafted %d, accepted %d)", label, modes[m].name, how, n_prompts,
               n_tok, diff, passes ? (double)tokens / passes : 0.0, drafted, accepted);
+        if (sm) {   /* the state and path checks below ran on the greedy pass */
+            spec_free(sp);
+            continue;
+        }
         CHECK(bad_state == 0, "%s, %s: afterwards the session holds exactly the kept tokens and continues like a "
               "fresh one (%d not)", label, modes[m].name, bad_state);
         int e = modes[m].expect;
@@ -281,6 +250,21 @@ static void check_greedy(const char *label, const df_engine_opts *eo, const mode
     }
     for (int i = 0; i < n_prompts; i++) tok_ids_free(&ref[i].ids);
     free(ref);
+}
+
+static void check_same(const char *label, const df_engine_opts *eo, const mode_case *modes, int n_modes,
+                       int32_t *const *prompts, const int *np, int n_prompts, int n_tok) {
+    df_engine *eng = NULL;
+    df_error err = {0};
+    int rc = df_engine_open(&eng, eo, &err);
+    CHECK(!rc, "%s: opens (%s)", label, err.msg);
+    if (rc) return;
+    sample_params sps[2];   /* greedy; sampling with every filter and a seed */
+    sample_params_default(&sps[0]);
+    sps[0].temperature = 0;
+    sample_params_default(&sps[1]);
+    sps[1].temperature = 0.8f, sps[1].top_p = 0.95f, sps[1].top_k = 40, sps[1].seed = 7;
+    for (int sm = 0; sm < 2; sm++) check_modes(eng, label, modes, n_modes, prompts, np, n_prompts, n_tok, &sps[sm], sm);
     df_engine_free(eng);
 }
 
@@ -315,7 +299,7 @@ static void test_fixtures(void) {
         df_engine_opts_default(&eo);
         eo.model_dir = dir;
         eo.n_threads = 2;
-        check_greedy(fixtures[f], &eo, modes, 4, prompts, lens, 2, 20);
+        check_same(fixtures[f], &eo, modes, 4, prompts, lens, 2, 20);
         free(twice);
         free(pre);
         free(dec);
@@ -361,10 +345,10 @@ static void test_bundled(void) {
     const mode_case modes[] = {{"ngram", SPEC_NGRAM, NULL, 6, EXPECT_BOTH},
                                {"draft model", SPEC_DRAFT, "models/draft", 3, EXPECT_BOTH},
                                {"auto with the draft model", SPEC_AUTO, "models/draft", 0, EXPECT_ANY}};
-    check_greedy("bundled model", &eo, modes, 3, prompts, np, N_TEXTS, 32);
+    check_same("bundled model", &eo, modes, 3, prompts, np, N_TEXTS, 32);
     eo.spine_stream = 1;
     eo.expert_cache_slots = 1;
-    check_greedy("bundled model, streamed spine, 1-slot cache", &eo, modes, 2, prompts + 3, np + 3, 3, 20);
+    check_same("bundled model, streamed spine, 1-slot cache", &eo, modes, 2, prompts + 3, np + 3, 3, 20);
     for (int i = 0; i < N_TEXTS; i++) tok_ids_free(&enc[i]);
     tokenizer_free(tok);
 }
