@@ -75,8 +75,8 @@ static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id
 
 /* A speculative pass: id (emitted, not evaluated) and drafts[0..k) evaluated as one batch; each draft is
  * checked against the token sampled from the row before it and emitted while they agree, then the session
- * goes back to the kept tokens. *next gets the token to emit after the pass (the target's own choice at the first
- * disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
+ * goes back to the kept tokens. *next gets the token to emit after the pass (the model's own choice at the
+ * first disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
 static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen_text *g, int32_t id,
                          const int32_t *drafts, int k, float *rows, int n_vocab, int32_t *next, sample_result *sr,
                          gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc, df_error *err) {
@@ -91,7 +91,7 @@ static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen
     res->passes++;
     res->n_evaluated++;
     int j = 0, accepted = 0;
-    res->drafted += k;
+    res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
     *emit_rc = EMIT_MORE;
     for (; j < k; j++) {
         int32_t t = sampler_sample(smp, rows + (size_t)j * n_vocab, sr);
