@@ -23,12 +23,19 @@ CLI_OBJ := $(CLI_SRC:%.c=$(B)/rel/%.o)
 ASAN_LIB_OBJ := $(LIB_SRC:%.c=$(B)/asan/%.o)
 ASAN_CLI_OBJ := $(CLI_SRC:%.c=$(B)/asan/%.o)
 TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/asan/tests/%)
+CHECK_LIB_OBJ := $(LIB_SRC:%.c=$(B)/check/%.o)
+CHECK_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/check/tests/%)
 
-.PHONY: all run test deps clean tests-build clang-check
+.PHONY: all run test check deps clean tests-build clang-check install
 all: $(BIN)
 
 deps:
 	@bash scripts/install-deps.sh
+
+$(B)/check/%.o: %.c
+	@mkdir -p $(dir $@)
+	@echo "CC  $< (check)"
+	@$(CC) $(CFLAGS) -O1 -MMD -MP -c $< -o $@
 
 $(B)/rel/%.o: %.c
 	@mkdir -p $(dir $@)
@@ -41,6 +48,11 @@ $(B)/asan/%.o: %.c
 	@$(CC) $(CFLAGS) -O1 $(SAN) -MMD -MP -c $< -o $@
 
 $(B)/libdeltafin.a: $(LIB_OBJ)
+	@rm -f $@
+	@echo "AR  $@"
+	@ar rcs $@ $^
+
+$(B)/check/libdeltafin.a: $(CHECK_LIB_OBJ)
 	@rm -f $@
 	@echo "AR  $@"
 	@ar rcs $@ $^
@@ -63,6 +75,11 @@ $(B)/asan/tests/%: tests/unit/%.c $(B)/asan/libdeltafin.a
 	@echo "LD  $@"
 	@$(CC) $(CFLAGS) -O1 $(SAN) -Itests/unit -o $@ $< $(B)/asan/libdeltafin.a $(LDLIBS)
 
+$(B)/check/tests/%: tests/unit/%.c $(B)/check/libdeltafin.a
+	@mkdir -p $(dir $@)
+	@echo "LD  $@"
+	@$(CC) $(CFLAGS) -O1 -Itests/unit -o $@ $< $(B)/check/libdeltafin.a $(LDLIBS)
+
 tests-build: $(BIN) $(B)/asan/deltafin $(TEST_BIN)
 
 run: 
@@ -75,9 +92,22 @@ test:
 	@$(MAKE) --no-print-directory tests-build
 	@bash tests/run.sh
 
+# The fast tier (under a minute): unit tests built at -O1 without sanitizers and the quick CLI shell tests;
+# no browser, server, fuzz, qemu or clang rebuild. `make test` runs everything.
+check: $(BIN) $(CHECK_BIN)
+	@bash tests/run.sh --fast
+
 # The same sources must also build warning-free with clang.
 clang-check:
 	$(MAKE) --no-print-directory CC=clang B=build/clang BIN=build/clang/deltafin build/clang/deltafin
+
+# The binary in PREFIX/bin and the bundled model in PREFIX/share/deltafin/models/default, where the installed
+# binary finds it as its default model.
+PREFIX ?= /usr/local
+install: $(BIN)
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/deltafin/models/default
+	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/deltafin
+	install -m 644 models/default/* $(DESTDIR)$(PREFIX)/share/deltafin/models/default/
 
 clean:
 	rm -rf build deltafin

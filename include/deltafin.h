@@ -12,6 +12,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
+/* The release this header belongs to (`deltafin --version`). */
+#define DF_VERSION "0.1.0"
+
 #ifdef __cplusplus
 extern "C" {
 #endif

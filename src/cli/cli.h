@@ -2,6 +2,7 @@
 #ifndef DF_CLI_H
 #define DF_CLI_H
 
+#include <stddef.h>
 #include <stdint.h>
 #include "deltafin.h"
 
@@ -19,7 +20,10 @@ int cmd_quantize(int argc, char **argv);
 /* `deltafin bench` other than `bench kernels` (bench_model.c); argv[0] is "bench". */
 int bench_model(int argc, char **argv);
 
-/* Bundled default model folder: $DELTAFIN_MODEL, else models/default (relative to the working folder). */
-const char *cli_default_model(void);
+/* The default model folder: $DELTAFIN_MODEL, else the bundled model found next to the executable
+ * (EXE_DIR/models/default), in EXE_DIR/../share/deltafin/models/default (make install) or in
+ * ./models/default. Returns the variable's value, a path written into buf, or "models/default" after
+ * saying on stderr where it looked when none of them holds a model. */
+const char *cli_default_model(char *buf, size_t cap);
 
 #endif

@@ -5,12 +5,14 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 #include <time.h>
 #include <unistd.h>
 #include "cli.h"
 #include "cli_gen.h"
 #include "cli_opts.h"
 #include "common/util.h"
+#include "storage/dcache.h"
 
 const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
     {"model", 1, 0, 'm'}, {"threads", 1, 0, 't'}, {"temp", 1, 0, 1001}, {"top-p", 1, 0, 1002},
@@ -18,12 +20,13 @@ const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
     {"max-tokens", 1, 0, 'n'}, CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
 
 const char *cli_gen_usage(void) {
-    return "  -m, --model DIR     model folder (default: $DELTAFIN_MODEL or models/default)\n"
+    return "  -m, --model DIR     model folder (default: $DELTAFIN_MODEL, else the bundled model next to the\n"
+           "                      executable, in PREFIX/share/deltafin after make install, or ./models/default)\n"
            "  -n, --max-tokens N  tokens to generate (default 128)\n"
            "  -t, --threads N     compute threads (default: all cores)\n"
-           "  --temp T            temperature, 0 = greedy (default 0)\n"
+           "  --temp T            temperature 0-100, 0 = greedy (default 0)\n"
            "  --top-p P --top-k K --min-p P   sampling filters (default off)\n"
-           "  --seed S            sampling seed (default 0)\n"
+           "  --seed S            sampling seed 0-2147483647 (default: random when --temp > 0, and printed)\n"
            "  --profile           print the per-phase time of each token\n"
            "speculative decoding:\n" CLI_SPEC_USAGE
            "storage options:\n" CLI_STORAGE_USAGE;
@@ -38,33 +41,26 @@ void cli_gen_opts_default(cli_gen_opts *o) {
     spec_opts_default(&o->spec);
 }
 
-static int parse_float(const char *s, float lo, float hi, float *out) {
-    char *end;
-    double v = strtod(s, &end);
-    if (end == s || *end || !(v >= lo && v <= hi)) return -1;
-    *out = (float)v;
-    return 1;
-}
-
-static int parse_int(const char *s, long lo, long hi, long *out) {
-    char *end;
-    long v = strtol(s, &end, 10);
-    if (end == s || *end || v < lo || v > hi) return -1;
-    *out = v;
-    return 1;
-}
-
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
     long v;
+    int r;
     switch (opt) {
     case 'm': o->eng.model_dir = arg; return 1;
-    case 't': return parse_int(arg, 1, 1024, &v) < 0 ? -1 : (o->eng.n_threads = (int)v, 1);
-    case 'n': return parse_int(arg, 1, 1 << 24, &v) < 0 ? -1 : (o->max_tokens = (int)v, 1);
-    case 1001: return parse_float(arg, 0.0f, 100.0f, &o->sp.temperature);
-    case 1002: return parse_float(arg, 0.0f, 1.0f, &o->sp.top_p);
-    case 1003: return parse_int(arg, 0, 1 << 24, &v) < 0 ? -1 : (o->sp.top_k = (int)v, 1);
-    case 1004: return parse_int(arg, 0, 0x7fffffffL, &v) < 0 ? -1 : (o->sp.seed = (uint64_t)v, 1);
-    case 1005: return parse_float(arg, 0.0f, 1.0f, &o->sp.min_p);
+    case 't':
+        if ((r = cli_parse_int("-t/--threads", arg, 1, 1024, &v)) > 0) o->eng.n_threads = (int)v;
+        return r;
+    case 'n':
+        if ((r = cli_parse_int("-n/--max-tokens", arg, 1, 1 << 24, &v)) > 0) o->max_tokens = (int)v;
+        return r;
+    case 1001: return cli_parse_float("--temp", arg, 0.0, 100.0, &o->sp.temperature);
+    case 1002: return cli_parse_float("--top-p", arg, 0.0, 1.0, &o->sp.top_p);
+    case 1003:
+        if ((r = cli_parse_int("--top-k", arg, 0, 1 << 24, &v)) > 0) o->sp.top_k = (int)v;
+        return r;
+    case 1004:
+        if ((r = cli_parse_int("--seed", arg, 0, CLI_SEED_MAX, &v)) > 0) o->sp.seed = (uint64_t)v, o->seed_set = 1;
+        return r;
+    case 1005: return cli_parse_float("--min-p", arg, 0.0, 1.0, &o->sp.min_p);
     case 1006: o->profile = 1; return 1;
     default: {
         int r = cli_storage_opt(opt, arg, &o->eng);
@@ -73,10 +69,39 @@ int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
     }
 }
 
+void cli_gen_pick_seed(cli_gen_opts *o) {
+    if (o->seed_set || o->sp.temperature <= 0) return;
+    uint64_t r = 0;
+    if (getrandom(&r, sizeof r, 0) != (ssize_t)sizeof r) r = (uint64_t)(df_now() * 1e9) ^ (uint64_t)getpid();
+    o->sp.seed = r % ((uint64_t)CLI_SEED_MAX + 1);
+    fprintf(stderr, "seed %llu (--seed %llu repeats this output)\n", (unsigned long long)o->sp.seed,
+            (unsigned long long)o->sp.seed);
+}
+
+/* A partial install (deltafin fetch --spine / --layers) streams its missing experts from the repository it
+ * was fetched from, as recorded in its manifest, unless --remote names another. */
+static void use_recorded_source(df_engine_opts *eo, char **owned) {
+    dc_manifest man;
+    int found = 0;
+    df_error err = {0};
+    if (eo->remote_url || dc_manifest_load(eo->model_dir, &man, &found, &err) || !found) return;
+    int partial = 0;
+    for (int i = 0; i < man.n; i++) partial |= man.shards[i].state != DC_COMPLETE;
+    if (partial && man.source) {
+        *owned = xstrdup(man.source);
+        eo->remote_url = *owned;
+        fprintf(stderr, "partial install: missing experts stream from %s (recorded by deltafin fetch; --remote "
+                "overrides)\n", *owned);
+    }
+    dc_manifest_free(&man);
+}
+
 int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_error *err) {
     memset(m, 0, sizeof *m);
     df_engine_opts eo = o->eng;
-    if (!eo.model_dir) eo.model_dir = cli_default_model();
+    if (!eo.model_dir) eo.model_dir = cli_default_model(m->dir_buf, sizeof m->dir_buf);
+    m->dir = eo.model_dir;
+    use_recorded_source(&eo, &m->remote);
     int rc = df_engine_open(&m->eng, &eo, err);
     if (!rc) rc = df_session_init(&m->s, m->eng, err);
     if (!rc && o->spec.mode != SPEC_OFF) {
@@ -103,6 +128,7 @@ int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_e
 void cli_model_close(cli_model *m) {
     free(m->logits);
     spec_free(m->spec);
+    free(m->remote);
     tokenizer_free(m->tok);
     df_session_free(m->s);
     df_engine_free(m->eng);
@@ -147,6 +173,20 @@ int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err) {
     df_session_set_step_callback(m->s, NULL, NULL);
     if (p.show) fprintf(stderr, "\r\033[K");
     return rc;
+}
+
+int cli_prompt_fits(cli_model *m, size_t n_prompt, df_error *err) {
+    int64_t ctx = df_engine_info(m->eng)->max_context;
+    if ((int64_t)n_prompt + df_session_pos(m->s) <= ctx) return DF_OK;
+    return df_error_set(err, DF_EINVAL, "the prompt is %zu tokens%s, more than the model's context of %lld tokens",
+                        n_prompt, df_session_pos(m->s) ? " on top of the conversation so far" : "", (long long)ctx),
+           DF_EINVAL;
+}
+
+void cli_context_notice(cli_model *m, const gen_result *res, int asked, int allowed) {
+    if (allowed < asked && res->finish == GEN_FINISH_LENGTH && (int)res->ids.n >= allowed)
+        fprintf(stderr, "[stopped at the context limit: the model's context of %lld tokens is full]\n",
+                (long long)df_engine_info(m->eng)->max_context);
 }
 
 void cli_profile_line(cli_model *m, int index, df_profile *prev) {

@@ -10,6 +10,9 @@
 #include "tokenizer/tokenizer.h"
 
 typedef struct cli_model {
+    const char *dir;         /* the model folder opened (-m, or the default model found) */
+    char dir_buf[4096];
+    char *remote;            /* the partial install's recorded source, when used */
     df_engine *eng;
     df_session *s;
     tokenizer *tok;          /* NULL when the folder has no tokenizer */
@@ -26,7 +29,10 @@ typedef struct cli_gen_opts {
     int max_tokens;
     int profile;
     spec_opts spec;
+    int seed_set;            /* --seed given */
 } cli_gen_opts;
+
+#define CLI_SEED_MAX 0x7fffffffL
 
 void cli_gen_opts_default(cli_gen_opts *o);
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
@@ -35,13 +41,23 @@ int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
 #define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS + CLI_SPEC_N_LONGOPTS)
 extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
 const char *cli_gen_usage(void);
+/* After parsing: sampling with no --seed gets a random one, printed on stderr so a run can be repeated. */
+void cli_gen_pick_seed(cli_gen_opts *o);
 
+/* Opens o->eng.model_dir or the default model. A partial install without --remote streams its missing
+ * experts from the source deltafin fetch recorded. */
 int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_error *err);
 void cli_model_close(cli_model *m);
 
 /* Evaluates prompt ids (the logits of the last land in m->logits), showing layer progress on stderr when
  * it is a TTY and the prompt is long. Ctrl-C cancels (DF_ECANCELLED; the session is then reset). */
 int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err);
+
+/* DF_OK when n_prompt more tokens leave room to generate at least one; else an error giving both sizes. */
+int cli_prompt_fits(cli_model *m, size_t n_prompt, df_error *err);
+/* Says on stderr that generation stopped because the context is full: `allowed` (< `asked` tokens) was all
+ * the room left, and it was used up. */
+void cli_context_notice(cli_model *m, const gen_result *res, int asked, int allowed);
 
 /* Ctrl-C: SIGINT is blocked for the whole command and polled, so no handler or global flag is needed. */
 void cli_sigint_block(void);

@@ -1,11 +1,43 @@
-/* cli_opts.c — the storage options shared by engine-opening commands (see cli_opts.h). */
+/* cli_opts.c — the storage options shared by engine-opening commands, and the checked number parsing every
+ * command uses so that a bad value is reported with its flag and accepted range (see cli_opts.h). */
 #include "cli_opts.h"
 
 #include <ctype.h>
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <strings.h>
+
+int cli_parse_int(const char *flag, const char *arg, long lo, long hi, long *out) {
+    char *end;
+    errno = 0;
+    long v = strtol(arg, &end, 10);
+    if (end == arg || *end || errno || v < lo || v > hi) {
+        fprintf(stderr, "deltafin: %s: expected an integer from %ld to %ld, got '%s'\n", flag, lo, hi, arg);
+        return -1;
+    }
+    *out = v;
+    return 1;
+}
+
+int cli_parse_float(const char *flag, const char *arg, double lo, double hi, float *out) {
+    char *end;
+    double v = strtod(arg, &end);
+    if (end == arg || *end || !(v >= lo && v <= hi)) {
+        fprintf(stderr, "deltafin: %s: expected a number from %g to %g, got '%s'\n", flag, lo, hi, arg);
+        return -1;
+    }
+    *out = (float)v;
+    return 1;
+}
+
+int cli_no_stray_args(const char *cmd, int argc, char **argv, int optind) {
+    if (optind >= argc) return 0;
+    fprintf(stderr, "deltafin %s: unexpected argument '%s'%s (deltafin %s --help lists the options)\n", cmd,
+            argv[optind], argc - optind > 1 ? " and more" : "", cmd);
+    return -1;
+}
 
 int cli_parse_bytes(const char *s, uint64_t *out) {
     char *end;
@@ -28,6 +60,7 @@ int cli_parse_bytes(const char *s, uint64_t *out) {
 }
 
 int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
+    long v;
     switch (c) {
     case CLI_OPT_MEM:
         if (cli_parse_bytes(arg, &o->mem_budget) || !o->mem_budget) {
@@ -36,18 +69,14 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         }
         return 1;
     case CLI_OPT_CACHE_SLOTS:
-        if ((o->expert_cache_slots = atoi(arg)) <= 0) {
-            fprintf(stderr, "deltafin: --cache-slots needs a positive number\n");
-            return -1;
-        }
+        if (cli_parse_int("--cache-slots", arg, 1, 1L << 24, &v) < 0) return -1;
+        o->expert_cache_slots = (int)v;
         return 1;
     case CLI_OPT_SPINE_STREAM: o->spine_stream = 1; return 1;
     case CLI_OPT_BUFFERED_IO: o->buffered_io = 1; return 1;
     case CLI_OPT_IO_THREADS:
-        if ((o->io_threads = atoi(arg)) <= 0) {
-            fprintf(stderr, "deltafin: --io-threads needs a positive number\n");
-            return -1;
-        }
+        if (cli_parse_int("--io-threads", arg, 1, 256, &v) < 0) return -1;
+        o->io_threads = (int)v;
         return 1;
     case CLI_OPT_REMOTE: o->remote_url = arg; return 1;
     case CLI_OPT_SPINE:

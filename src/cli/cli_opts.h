@@ -31,6 +31,14 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"    \
     "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"
 
+/* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
+ * names the flag, the accepted range and the value given. */
+int cli_parse_int(const char *flag, const char *arg, long lo, long hi, long *out);
+int cli_parse_float(const char *flag, const char *arg, double lo, double hi, float *out);
+/* Rejects arguments left after the options (a prompt not quoted, a typo): 0 if there are none, else -1 after
+ * printing "deltafin CMD: unexpected argument ...". */
+int cli_no_stray_args(const char *cmd, int argc, char **argv, int optind);
+
 /* Speculative decoding options (run, chat, serve, bench): added like CLI_STORAGE_LONGOPTS, parsed by
  * cli_spec_opt. */
 enum { CLI_OPT_SPEC = 0x1600, CLI_OPT_DRAFT, CLI_OPT_DRAFT_MAX };

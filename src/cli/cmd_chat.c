@@ -1,7 +1,8 @@
 /* cmd_chat.c — `deltafin chat`: an interactive conversation in the model's chat format. The session keeps
  * its state between turns: each turn feeds only the new user message and the generation prompt, never the
  * earlier turns again. Ctrl-C stops the current answer (the program goes on); Ctrl-D or /exit ends it;
- * /reset starts a new conversation. */
+ * /reset starts a new conversation, /help lists the commands. A line starting with / is a command and never
+ * reaches the model (an unknown one is reported); // sends a message that starts with /. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -69,6 +70,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     int rc = turn_delta(m, log, first, &delta, err);
     if (!rc) rc = cli_prefill(m, delta.v, (int)delta.n, err);
     int32_t eos = df_engine_info(m->eng)->eos_id;
+    int allowed = 0;
     /* leave room for the answer and its closing end-of-message token */
     int64_t room = df_engine_info(m->eng)->max_context - df_session_pos(m->s) - 2;
     if (!rc && room < 1) {
@@ -86,6 +88,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
             fputs(" [stopped]", stdout);
             rc = DF_OK;
         }
+        allowed = gc.max_tokens;
         /* feed the last sampled id (or the end-of-message id if the answer did not end by itself) */
         int32_t last = res.ids.n ? res.ids.v[res.ids.n - 1] : eos;
         if (!rc) rc = df_session_eval(m->s, &last, 1, NULL, 0, err);
@@ -93,6 +96,8 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     }
     cli_stream_end(&out);
     fputs("\n", stdout);
+    fflush(stdout);
+    if (!rc) cli_context_notice(m, &res, go->max_tokens, allowed);
     if (!rc) {
         char *text = NULL;
         size_t len = 0, cap = 0;
@@ -107,6 +112,14 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     tok_ids_free(&res.ids);
     return rc;
 }
+
+static const char chat_help[] =
+    "commands:\n"
+    "  /help    this list\n"
+    "  /reset   start a new conversation (the system prompt stays)\n"
+    "  /exit    quit (or Ctrl-D)\n"
+    "Ctrl-C stops the current answer. A line starting with / is a command; start it with // to send a message\n"
+    "that begins with /.\n";
 
 int cmd_chat(int argc, char **argv) {
     struct option longopts[CLI_GEN_N_LONGOPTS + 3];
@@ -125,10 +138,16 @@ int cmd_chat(int argc, char **argv) {
             system = optarg;
             continue;
         }
-        fprintf(c == 'h' ? stdout : stderr, "usage: deltafin chat [-m DIR] [--system TEXT] [options]\n%s",
-                cli_gen_usage());
+        if (r < 0) {
+            fprintf(stderr, "deltafin chat --help lists the options\n");
+            return 2;
+        }
+        fprintf(c == 'h' ? stdout : stderr, "usage: deltafin chat [-m DIR] [--system TEXT] [options]\n%s%s",
+                cli_gen_usage(), c == 'h' ? chat_help : "");
         return c == 'h' ? 0 : 2;
     }
+    if (cli_no_stray_args("chat", argc, argv, optind)) return 2;
+    cli_gen_pick_seed(&go);
     cli_sigint_block();
     df_error err = {0};
     cli_model m;
@@ -140,8 +159,8 @@ int cmd_chat(int argc, char **argv) {
     }
     chat_log log = {0};
     if (!rc && system) chat_log_push(&log, "system", system);
-    if (!rc) fprintf(stderr, "chat with %s — Ctrl-C stops an answer, Ctrl-D or /exit quits, /reset starts over\n",
-                     go.eng.model_dir ? go.eng.model_dir : cli_default_model());
+    if (!rc) fprintf(stderr, "chat with %s — Ctrl-C stops an answer, Ctrl-D or /exit quits, /reset starts over, "
+                     "/help lists the commands\n", m.dir);
     while (!rc) {
         fputs("> ", stdout);
         fflush(stdout);
@@ -151,12 +170,18 @@ int cmd_chat(int argc, char **argv) {
             free(line);
             break;
         }
+        const char *msg = line[0] == '/' && line[1] == '/' ? line + 1 : line;
         if (!strcmp(line, "/reset")) {
             chat_log_clear(&log);
             if (system) chat_log_push(&log, "system", system);
             df_session_reset(m.s);
-        } else if (*line) {
-            chat_log_push(&log, "user", line);
+        } else if (!strcmp(line, "/help") || !strcmp(line, "/?")) {
+            fputs(chat_help, stdout);
+        } else if (msg == line && line[0] == '/') {
+            fprintf(stderr, "unknown command '%s' (not sent to the model); /help lists the commands, // starts a "
+                    "message with /\n", line);
+        } else if (*msg) {
+            chat_log_push(&log, "user", msg);
             rc = chat_turn(&m, &log, &go, &err);
             if (rc == DF_EINVAL) {          /* e.g. the context is full: say so and keep the program */
                 fprintf(stderr, "deltafin chat: %s\n", err.msg);

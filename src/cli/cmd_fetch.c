@@ -109,7 +109,7 @@ typedef struct fetch_sink {
     int fd;
     uint64_t off;
     const char *path;
-    fetch_progress *p;
+    fetch_progress *p;       /* NULL: bytes that do not count as downloaded (copied from the cache) */
 } fetch_sink;
 
 static int fetch_sink_write(void *ctx, uint64_t at, const uint8_t *d, size_t n, df_error *err) {
@@ -123,9 +123,9 @@ static int fetch_sink_write(void *ctx, uint64_t at, const uint8_t *d, size_t n, 
                                 strerror(e)), DF_EIO;
         }
         d += w, n -= (size_t)w, at += (uint64_t)w;
-        s->p->done += (uint64_t)w;
+        if (s->p) s->p->done += (uint64_t)w;
     }
-    fetch_show(s->p, 0);
+    if (s->p) fetch_show(s->p, 0);
     return DF_OK;
 }
 
@@ -337,6 +337,8 @@ static int fetch_shard_names(fetch_job *j, df_error *err) {
     return rc;
 }
 
+static unsigned char *fetch_log_load(const fetch_job *j, const fetch_shard *s);
+
 /* Reads headers of shards not complete, fills manifest entries (new ones pending). */
 static int fetch_plan(fetch_job *j, df_error *err) {
     for (int i = 0; i < j->n_sh; i++) {
@@ -366,12 +368,15 @@ static int fetch_plan(fetch_job *j, df_error *err) {
         }
         if (s->m->state == DC_PENDING)
             for (int r = 0; r < s->n_runs; r++) j->spine_bytes += s->runs[r].len;
+        /* spans an interrupted --all already wrote into the shard are not fetched again */
+        unsigned char *written = j->o.all && s->m->state == DC_SPINE ? fetch_log_load(j, s) : NULL;
         for (int h = 0; h < s->n_holes; h++) {
-            if (!fetch_wanted(j, &s->holes[h])) continue;
+            if (!fetch_wanted(j, &s->holes[h]) || (written && written[h])) continue;
             int cached = dcache_has(j->cache, s->name, s->holes[h].span);
             if (!cached) j->expert_bytes += s->holes[h].span.len, j->expert_spans++;
             if (!j->o.all && !cached) j->disk_bytes += s->holes[h].span.len;
         }
+        free(written);
         if (j->o.all) j->disk_bytes += s->size;   /* the whole shard ends up allocated */
         else if (s->m->state == DC_PENDING) j->disk_bytes += s->size - 0;
     }
@@ -491,7 +496,7 @@ static int fetch_copy_cached(fetch_job *j, fetch_shard *s, int fd, dc_span e, df
     int rc = data ? DF_OK : DF_EIO;
     uint64_t pad = e.off % 4096;
     if (data && n != pad + e.len) rc = (df_error_set(err, DF_EIO, "%s: cache entry has the wrong size", p), DF_EIO);
-    fetch_sink sk = {fd, e.off, s->path, &j->prog};
+    fetch_sink sk = {fd, e.off, s->path, NULL};   /* the plan did not count cached spans as bytes to fetch */
     if (!rc) rc = fetch_sink_write(&sk, 0, (const uint8_t *)data + pad, e.len, err);
     free(data);
     free(p);

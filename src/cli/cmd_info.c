@@ -1,5 +1,6 @@
-/* cmd_info.c — `deltafin info -m DIR`: family, layer schedule, parameter and byte counts, dtypes, and any
- * problem found by checking every tensor against the config. */
+/* cmd_info.c — `deltafin info -m DIR`: family, layer schedule, context length, whether a tokenizer (and a
+ * chat format) is there, parameter and byte counts, dtypes, and any problem found by checking every tensor
+ * against the config. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,6 +9,23 @@
 #include "deltafin.h"
 #include "common/util.h"
 #include "storage/remote.h"
+#include "tokenizer/tokenizer.h"
+
+/* Whether run -p, chat and serve can work on this folder (run --tokens and logits need no tokenizer). */
+static void info_tokenizer(const char *dir) {
+    tokenizer *tok = NULL;
+    df_error err = {0};
+    if (tokenizer_load_dir(&tok, dir, &err)) {
+        printf("tokenizer: none (%s); only token-id prompts work (run --tokens, logits)\n", err.msg);
+        return;
+    }
+    chat_format fmt = 0;
+    df_error ferr = {0};
+    if (chat_detect_format(tok, &fmt, &ferr)) fmt = 0;
+    printf("tokenizer: present, %d ids; chat format: %s\n", (int)tokenizer_n_vocab(tok),
+           fmt == CHAT_K3 ? "Kimi K3" : fmt == CHAT_K2 ? "Kimi K2" : "none (run works, chat does not)");
+    tokenizer_free(tok);
+}
 
 int cmd_info(int argc, char **argv) {
     static const struct option longopts[] = {{"model", 1, 0, 'm'}, {"help", 0, 0, 'h'}, CLI_STORAGE_LONGOPTS,
@@ -21,11 +39,13 @@ int cmd_info(int argc, char **argv) {
         if (s > 0) continue;
         if (c == 'm') opts.model_dir = optarg;
         else {
-            fprintf(stderr, "usage: deltafin info -m DIR [storage options, e.g. --spine int8]\n");
+            fprintf(c == 'h' ? stdout : stderr, "usage: deltafin info [-m DIR] [storage options, e.g. --spine int8]\n");
             return c == 'h' ? 0 : 2;
         }
     }
-    if (!opts.model_dir) opts.model_dir = cli_default_model();
+    if (cli_no_stray_args("info", argc, argv, optind)) return 2;
+    char defm[4096];
+    if (!opts.model_dir) opts.model_dir = cli_default_model(defm, sizeof defm);
     df_error err = {0};
     df_engine *eng = NULL;
     if (df_engine_open(&eng, &opts, &err)) {
@@ -37,6 +57,8 @@ int cmd_info(int argc, char **argv) {
     df_engine_describe(eng, buf, cap);
     install_describe(opts.model_dir, buf, cap);   /* a partial install: how much is local */
     printf("model: %s\n%s", opts.model_dir, buf);
+    printf("context: %lld tokens\n", (long long)df_engine_info(eng)->max_context);
+    info_tokenizer(opts.model_dir);
     int rc = df_engine_check(eng, &err);
     if (rc) printf("problem: %s\n", err.msg);
     else printf("check: every tensor present with the expected shape\n");

@@ -32,11 +32,17 @@ int cmd_logits(int argc, char **argv) {
         case 'm': opts.model_dir = optarg; break;
         case 'p': prompt = optarg; break;
         case 'o': outp = optarg; break;
-        case 't': opts.n_threads = atoi(optarg); break;
+        case 't': {
+            long v;
+            if (cli_parse_int("-t/--threads", optarg, 1, 1024, &v) < 0) return 2;
+            opts.n_threads = (int)v;
+            break;
+        }
         case 'h': usage(); return 0;
         default: usage(); return 2;
         }
     }
+    if (cli_no_stray_args("logits", argc, argv, optind)) return 2;
     if (!opts.model_dir || !prompt || !outp) {
         usage();
         return 2;

@@ -240,7 +240,8 @@ int cmd_quantize(int argc, char **argv) {
         default: usage(stderr); return 2;
         }
     }
-    if (!eo.model_dir) eo.model_dir = cli_default_model();
+    char defm[4096];
+    if (!eo.model_dir) eo.model_dir = cli_default_model(defm, sizeof defm);
     int sources = !!co.prompt + !!co.ids + !!co.text;
     if (optind < argc || (do_compare ? sources != 1 || co.window < 1 : eo.spine != DF_SPINE_INT8)) {
         if (!do_compare && eo.spine == DF_SPINE_BF16)

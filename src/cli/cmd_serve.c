@@ -79,7 +79,8 @@ int cmd_serve(int argc, char **argv) {
         serve_usage(stderr);
         return 2;
     }
-    if (!o.model_dir) o.model_dir = cli_default_model();
+    char defm[4096];
+    if (!o.model_dir) o.model_dir = cli_default_model(defm, sizeof defm);
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

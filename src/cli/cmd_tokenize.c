@@ -76,8 +76,9 @@ static int tok_parse_args(int argc, char **argv, tok_args *a, int detok) {
 static tokenizer *tok_open(const tok_args *a) {
     df_error err = {0};
     tokenizer *t = NULL;
+    char defm[4096];
     int rc = a->tiktoken ? tokenizer_load_tiktoken(&t, a->tiktoken, a->pattern, &err)
-                         : tokenizer_load_dir(&t, a->model ? a->model : cli_default_model(), &err);
+                         : tokenizer_load_dir(&t, a->model ? a->model : cli_default_model(defm, sizeof defm), &err);
     if (rc) {
         fprintf(stderr, "deltafin: tokenizer: %s\n", err.msg);
         return NULL;

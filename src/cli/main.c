@@ -22,7 +22,8 @@ static const struct {
 };
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltafin COMMAND [options]   (deltafin COMMAND --help for options)\n\ncommands:\n");
+    fprintf(f, "usage: deltafin COMMAND [options]   (deltafin COMMAND --help for options)\n"
+               "       deltafin --version\n\ncommands:\n");
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
@@ -31,6 +32,10 @@ int main(int argc, char **argv) {
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
         return argc < 2 ? 2 : 0;
+    }
+    if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
+        printf("deltafin %s\n", DF_VERSION);
+        return 0;
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
         if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);

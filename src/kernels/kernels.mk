@@ -4,12 +4,13 @@
 # before any of their code runs, so the binary still works on CPUs without them.
 KERN_ARCH := $(shell $(CC) -dumpmachine 2>/dev/null)
 ifneq ($(filter x86_64%,$(KERN_ARCH)),)
+KERN_BUILDS       := $(B)/rel $(B)/asan $(B)/check
 KERN_AVX2_FLAGS   := -mavx2 -mfma -mf16c
 KERN_AVX512_FLAGS := -mavx2 -mfma -mf16c -mavx512f -mavx512bw -mavx512vl -mavx512dq
-$(B)/rel/src/kernels/kernels_avx2.o $(B)/asan/src/kernels/kernels_avx2.o: CFLAGS += $(KERN_AVX2_FLAGS)
+$(KERN_BUILDS:%=%/src/kernels/kernels_avx2.o): CFLAGS += $(KERN_AVX2_FLAGS)
 KERN_AMX_FLAGS    := $(KERN_AVX512_FLAGS) -mavx512bf16 -mamx-tile -mamx-bf16
-$(B)/rel/src/kernels/kernels_avx512.o $(B)/asan/src/kernels/kernels_avx512.o: CFLAGS += $(KERN_AVX512_FLAGS)
-$(B)/rel/src/kernels/kernels_amx.o $(B)/asan/src/kernels/kernels_amx.o: CFLAGS += $(KERN_AMX_FLAGS)
+$(KERN_BUILDS:%=%/src/kernels/kernels_avx512.o): CFLAGS += $(KERN_AVX512_FLAGS)
+$(KERN_BUILDS:%=%/src/kernels/kernels_amx.o): CFLAGS += $(KERN_AMX_FLAGS)
 endif
 
 # Cross build: only the kernels, tensor/util and the kernels test, statically, no pkg-config libraries.

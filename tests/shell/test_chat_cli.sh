@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# `deltafin run` and `deltafin chat` on the bundled model: text streams out; chat feeds only the new turn
-# (no re-prefill of earlier turns); Ctrl-C stops the current answer and the program goes on.
+# `deltafin run` and `deltafin chat` on the bundled model: text streams out; prompts from -f FILE and stdin;
+# a random seed (printed, repeatable with --seed) when sampling; a notice when the context fills; chat feeds
+# only the new turn (no re-prefill of earlier turns), keeps /commands away from the model; Ctrl-C stops the
+# current answer and the program goes on; info shows the context and the tokenizer.
 set -u
 cd "$(dirname "$0")/../.."
 BIN=./deltafin
@@ -19,6 +21,55 @@ ids=$($BIN run --tokens 473,4595,555,326 -n 5 2>/dev/null)
 [ "$ids" = "260,1213,1230,383,506" ] && echo "ok - run --tokens prints greedy ids" || echo "not ok - run --tokens: $ids"
 
 $BIN run -p x --temp -1 >/dev/null 2>&1; [ $? -eq 2 ] && echo "ok - bad --temp is a usage error" || echo "not ok - bad --temp accepted"
+
+# -f FILE and -f - (standard input) give the same prompt as -p
+printf 'The jury said that\n' >"$tmp/prompt.txt"
+a=$($BIN run -p "The jury said that" -n 12 2>/dev/null)
+b=$($BIN run -f "$tmp/prompt.txt" -n 12 2>/dev/null)
+c=$($BIN run -f - -n 12 <"$tmp/prompt.txt" 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && [ "$a" = "$c" ] && echo "ok - run -f FILE and -f - match -p" \
+    || echo "not ok - -f: '$a' / '$b' / '$c'"
+
+# sampling without --seed: a random seed, printed; --seed with it repeats the text; greedy prints none
+o1=$($BIN run -p "The jury said that" -n 16 --temp 1.5 2>"$tmp/s1")
+o2=$($BIN run -p "The jury said that" -n 16 --temp 1.5 2>"$tmp/s2")
+s1=$(sed -n 's/^seed \([0-9]*\) (--seed .*/\1/p' "$tmp/s1")
+s2=$(sed -n 's/^seed \([0-9]*\) (--seed .*/\1/p' "$tmp/s2")
+o3=$($BIN run -p "The jury said that" -n 16 --temp 1.5 --seed "$s1" 2>"$tmp/s3")
+if [ -n "$s1" ] && [ -n "$s2" ] && [ "$s1" != "$s2" ] && [ "$o3" = "$o1" ] && ! grep -q '^seed' "$tmp/s3" "$tmp/err"; then
+    echo "ok - a random seed per sampled run ($s1, $s2), printed; --seed $s1 repeats the text"
+else
+    echo "not ok - seeds '$s1' '$s2', repeat same: $([ "$o3" = "$o1" ] && echo yes || echo no), $(cat "$tmp/s3")"
+fi
+
+# generation cut by the context (512 tokens) says so
+$BIN run -p "The jury said that" -n 600 >/dev/null 2>"$tmp/ctx"
+grep -q "stopped at the context limit: the model's context of 512 tokens is full" "$tmp/ctx" \
+    && grep -q "generated 509 tokens" "$tmp/ctx" && echo "ok - run stopped by the context limit says so" \
+    || echo "not ok - context limit notice: $(cat "$tmp/ctx")"
+printf 'Hello there\n' | $BIN chat -n 1000 >/dev/null 2>"$tmp/ctx3"
+grep -q "stopped at the context limit" "$tmp/ctx3" && echo "ok - a chat answer stopped by the context limit says so" \
+    || echo "not ok - chat context limit notice: $(cat "$tmp/ctx3")"
+$BIN run -p "The jury said that" -n 20 >/dev/null 2>"$tmp/ctx2"
+grep -q "context limit" "$tmp/ctx2" && echo "not ok - context notice on a run that was not cut" \
+    || echo "ok - no context notice when max tokens ended the run"
+
+$BIN info >"$tmp/info" 2>&1
+grep -q "^context: 512 tokens$" "$tmp/info" && grep -q "^tokenizer: present, 6144 ids; chat format: Kimi K2$" "$tmp/info" \
+    && echo "ok - info shows the context length and the tokenizer" || echo "not ok - info: $(cat "$tmp/info")"
+$BIN info -m tests/fixtures/k3-tiny >"$tmp/info2" 2>&1
+grep -q "^context: 4096 tokens$" "$tmp/info2" && grep -q "^tokenizer: none" "$tmp/info2" \
+    && echo "ok - info says when a folder has no tokenizer" || echo "not ok - info without tokenizer: $(cat "$tmp/info2")"
+
+# /help and unknown /commands never reach the model: only the one real message is fed
+printf '/help\n/frobnicate\nHello there\n' | $BIN chat -n 4 >"$tmp/cmd.out" 2>"$tmp/cmd.err"
+rc=$?
+if [ $rc -eq 0 ] && grep -q "/reset" "$tmp/cmd.out" && grep -q "unknown command '/frobnicate'" "$tmp/cmd.err" &&
+   [ "$(grep -c '^(fed ' "$tmp/cmd.err")" -eq 1 ]; then
+    echo "ok - chat: /help lists the commands, an unknown /command is reported and not sent"
+else
+    echo "not ok - chat commands (exit $rc): $(cat "$tmp/cmd.out" "$tmp/cmd.err" | head -c 600)"
+fi
 
 # Two turns: the second feeds only its own tokens, and the context grows by exactly what was fed.
 printf 'Hello there\nHow are you\n' | $BIN chat -n 8 >"$tmp/out" 2>"$tmp/err"

@@ -28,6 +28,11 @@ H=$(wait_server main)
 U=$H/org/m/resolve/main
 ctl() { curl -s "$H/$1" >/dev/null; }
 stat() { curl -s "$H/_stats" | python3 -c "import json,sys; print(json.load(sys.stdin)['$1'])"; }
+# The last progress line of a fetch's stderr (in $last) reports as many bytes done as planned, at 100%.
+progress_full() {
+    last=$(grep '^fetch: ' "$1" | tail -n 1)
+    [[ "$last" =~ ^fetch:\ ([0-9]+)\ of\ ([0-9]+)\ bytes\ \(100%\) ]] && [ "${BASH_REMATCH[1]}" = "${BASH_REMATCH[2]}" ]
+}
 logits() { "${LBIN:-$BIN}" logits --prompt "tests/fixtures/$1/prompt.json" -o "$3" -m "$2" "${@:4}" 2>"$3.err"; }
 
 echo "# t=$SECONDS"
@@ -55,6 +60,10 @@ logits $F "$T/p" "$T/p.f32"
 rc=$?
 [ $rc -ne 0 ] && grep -q "expert .* of layer .* is not on local disk.*--remote" "$T/p.f32.err"
 ok $? "partial install without --remote: error names the expert and suggests --remote"
+want=$($REL run -m "tests/fixtures/$F" --tokens 1,2,3 -n 4 2>/dev/null)
+got=$("$BIN" run -m "$T/p" --tokens 1,2,3 -n 4 2>"$T/p.run.err")
+[ -n "$want" ] && [ "$got" = "$want" ] && grep -q "partial install: missing experts stream from $U/$F" "$T/p.run.err"
+ok $? "run on a partial install streams from the source fetch recorded ($got vs $want)"
 
 echo "# t=$SECONDS"
 # 3. --dry-run writes nothing; --min-free refuses
@@ -79,8 +88,15 @@ n=$(ls "$T/l/.deltafin/cache/model.safetensors" | wc -l)
 ok $? "--layers 2 caches that layer's 8 experts, --layers 1-3 the other 16 ($n2, $n)"
 logits $F "$T/l" "$T/l.f32" && cmp -s "$T/l.f32" "$T/$F.local.f32"
 ok $? "every expert cached: logits without --remote identical"
-"$BIN" fetch --from "$U/$F" -m "$T/l" --all >/dev/null 2>&1
+"$BIN" fetch --from "$U/$F" -m "$T/l" --all >/dev/null 2>"$T/l.all.err"
 rc=$?
+progress_full "$T/l.all.err"
+ok $? "--all with every expert already cached: progress ends at exactly 100% ($last)"
+"$BIN" fetch --from "$U/$F" -m "$T/l2" --layers 2 >/dev/null 2>&1
+"$BIN" fetch --from "$U/$F" -m "$T/l2" --all >/dev/null 2>"$T/l2.all.err"
+progress_full "$T/l2.all.err" && [ "${BASH_REMATCH[2]}" -gt 0 ] \
+    && cmp -s "$T/l2/model.safetensors" "tests/fixtures/$F/model.safetensors"
+ok $? "--all with one layer's experts cached: progress counts only what is downloaded ($last)"
 cmp -s "$T/l/model.safetensors" "tests/fixtures/$F/model.safetensors" && [ $rc -eq 0 ] \
     && grep -q '"state":"complete"' "$T/l/.deltafin/install.json" && [ ! -e "$T/l/.deltafin/cache/model.safetensors" ]
 ok $? "--all: shard identical to the original, marked complete, cache entries dropped"
@@ -95,11 +111,13 @@ kill -9 $kp 2>/dev/null
 wait $kp 2>/dev/null
 ctl _reset
 st=$(grep -o '"state":"[a-z]*"' "$T/k/.deltafin/install.json" 2>/dev/null)
-"$BIN" fetch --from "$U/$F" -m "$T/k" --all >/dev/null 2>&1
+"$BIN" fetch --from "$U/$F" -m "$T/k" --all >/dev/null 2>"$T/k.err"
 rc=$?
 cmp -s "$T/k/model.safetensors" "tests/fixtures/$F/model.safetensors" && [ $rc -eq 0 ] \
     && [ -z "$(find "$T/k" -name '.tmp-*')" ] && [ "$st" != '"state":"complete"' ]
 ok $? "kill -9 during fetch --all (state then: ${st:-none}), rerun completes byte-exact"
+progress_full "$T/k.err"
+ok $? "the rerun's progress counts only what it downloads ($last)"
 ctl "_fault?mode=slow&count=1000&arg=0.2&match=$F/model.safetensors"
 "$BIN" fetch --from "$U/$F" -m "$T/k2" --layers 1-3 --jobs 2 >/dev/null 2>&1 &
 kp=$!

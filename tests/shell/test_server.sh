@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # `deltafin serve` with real clients: the official openai npm package, raw HTTP error cases, headless
 # Chromium on the chat page (tests/server/*.test.mjs, against the ASan build), then a bounded load test
-# against the release build. Uses models/default when its weights are there, else the tiny fixture weights
-# with a small generated vocabulary. Installs tests/server/node_modules with npm when missing.
+# against the release build, on the bundled model (models/default; a checkout without it fails here rather
+# than testing some other model). Installs tests/server/node_modules with npm when missing.
 set -u
 cd "$(dirname "$0")/../.."
 root=$PWD
@@ -26,12 +26,10 @@ if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules
     }
 fi
 
-if [ -f models/default/config.json ] && ls models/default/*.safetensors >/dev/null 2>&1 &&
-   [ -f models/default/tiktoken.model ]; then
-    model=models/default
-else
-    model=$tmp/model
-    node tests/server/make_model.js "$model" || { echo "not ok - build the test model folder"; exit 1; }
+model=models/default
+if [ ! -f $model/config.json ] || ! ls $model/*.safetensors >/dev/null 2>&1 || [ ! -f $model/tiktoken.model ]; then
+    echo "not ok - the bundled model $model (config, weights, tiktoken.model) is missing from this checkout"
+    exit 1
 fi
 
 # start BIN LOG ARGS... — starts a server on a free port; sets $url and $pid

@@ -1,5 +1,7 @@
 /* test.h — the tiny test protocol shared by unit tests: each check prints "ok - name" or "not ok - name",
- * and tests/run.sh counts them. A test binary exits non-zero if any check failed. */
+ * and tests/run.sh counts them. A check that cannot run here (an instruction set this CPU lacks) prints
+ * "ok - name # SKIP reason", which run.sh counts as skipped, not passed. A test binary exits non-zero if any
+ * check failed. */
 #ifndef DF_TEST_H
 #define DF_TEST_H
 
@@ -20,6 +22,14 @@ static int test_count;
         }                                                                      \
         printf(__VA_ARGS__);                                                   \
         printf("\n");                                                          \
+        fflush(stdout);                                                        \
+    } while (0)
+
+#define SKIP(reason, ...)                                                      \
+    do {                                                                       \
+        printf("ok - ");                                                       \
+        printf(__VA_ARGS__);                                                   \
+        printf(" # SKIP %s\n", reason);                                        \
         fflush(stdout);                                                        \
     } while (0)
 

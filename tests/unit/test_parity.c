@@ -39,9 +39,10 @@ static void cmp_rows(const float *got, const float *want, int rows, int V, cmp_r
     }
 }
 
-/* Runs the fixture with the prefill split at `split` (0 = one batch) and compares every row. */
-static int run_fixture(const char *dir, const char *isa, int split, const float *want, const int32_t *pre, int np,
-                       const int32_t *dec, int nd, cmp_result *r, df_error *err) {
+/* Runs the fixture with the prefill split at `split` (0 = one batch) and compares every row with want, which
+ * must hold exactly (np + nd) rows of the model's vocabulary (want_len bytes). */
+static int run_fixture(const char *dir, const char *isa, int split, const float *want, size_t want_len,
+                       const int32_t *pre, int np, const int32_t *dec, int nd, cmp_result *r, df_error *err) {
     df_engine_opts o;
     df_engine_opts_default(&o);
     o.model_dir = dir;
@@ -56,6 +57,13 @@ static int run_fixture(const char *dir, const char *isa, int split, const float 
         return rc;
     }
     int V = df_engine_info(eng)->vocab_size;
+    if (want_len != (size_t)(np + nd) * V * sizeof(float)) {
+        df_error_set(err, DF_EFORMAT, "%s/logits.f32 has %zu bytes, expected %d rows x %d logits x 4 = %zu", dir,
+                     want_len, np + nd, V, (size_t)(np + nd) * V * sizeof(float));
+        df_session_free(s);
+        df_engine_free(eng);
+        return DF_EFORMAT;
+    }
     float *got = xmalloc((size_t)(np + nd) * V * sizeof(float));
     if (split > 0 && split < np) {
         rc = df_session_eval(s, pre, split, got, 1, err);
@@ -84,21 +92,21 @@ static void check_fixture(const char *dir, const char *name) {
     snprintf(path, sizeof path, "%s/logits.f32", dir);
     size_t len = 0;
     float *want = (float *)df_read_file(path, &len, &err);
+    if (!want) CHECK(0, "%s: %s", name, err.msg);
     const df_kernels *isas[8];
     int n_isa = kern_available(isas, 8);
     for (int i = 0; want && i < n_isa; i++) {
         cmp_result r = {0};
-        int rc = run_fixture(dir, isas[i]->isa, 0, want, pre, np, dec, nd, &r, &err);
+        int rc = run_fixture(dir, isas[i]->isa, 0, want, len, pre, np, dec, nd, &r, &err);
         CHECK(!rc, "%s [%s]: engine runs (%s)", name, isas[i]->isa, rc ? err.msg : "ok");
         CHECK(!rc && r.argmax_mismatch == 0 && r.max_diff <= TOL, "%s [%s]: %d rows, max|dlogit| %.3g, %d argmax "
               "mismatches", name, isas[i]->isa, np + nd, r.max_diff, r.argmax_mismatch);
     }
-    if (want && len % sizeof(float)) CHECK(0, "%s: logits.f32 size %zu is not a multiple of 4", name, len);
     if (want && np > 2) {
         cmp_result r = {0};
-        int rc = run_fixture(dir, NULL, np / 2 + 1, want, pre, np, dec, nd, &r, &err);
-        CHECK(!rc && r.argmax_mismatch == 0 && r.max_diff <= TOL, "%s: prefill in two batches matches (max %.3g)",
-              name, r.max_diff);
+        int rc = run_fixture(dir, NULL, np / 2 + 1, want, len, pre, np, dec, nd, &r, &err);
+        CHECK(!rc && r.argmax_mismatch == 0 && r.max_diff <= TOL, "%s: prefill in two batches matches (max %.3g)%s%s",
+              name, r.max_diff, rc ? ": " : "", rc ? err.msg : "");
     }
     free(want);
     free(pre);
