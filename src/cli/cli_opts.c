@@ -108,8 +108,8 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
 }
 
 int cli_spec_opt(int c, const char *arg, spec_opts *o) {
-    char *end;
     long v;
+    int r;
     switch (c) {
     case CLI_OPT_SPEC:
         if ((v = spec_parse_mode(arg)) < 0) {
@@ -120,13 +120,8 @@ int cli_spec_opt(int c, const char *arg, spec_opts *o) {
         return 1;
     case CLI_OPT_DRAFT: o->draft_dir = arg; return 1;
     case CLI_OPT_DRAFT_MAX:
-        v = strtol(arg, &end, 10);
-        if (!*arg || *end || v < 1 || v > SPEC_DRAFT_MAX_LIMIT) {
-            fprintf(stderr, "deltafin: --draft-max needs an integer in 1..%d, got '%s'\n", SPEC_DRAFT_MAX_LIMIT, arg);
-            return -1;
-        }
-        o->draft_max = (int)v;
-        return 1;
+        if ((r = cli_parse_int("--draft-max", arg, 1, SPEC_DRAFT_MAX_LIMIT, &v)) > 0) o->draft_max = (int)v;
+        return r;
     default: return 0;
     }
 }

@@ -244,8 +244,8 @@ int spec_propose(spec *sp, df_session *target, int32_t next, int limit, int32_t 
         if (kn && (!km || rn >= rm)) src = bn, k = kn;
         else if (km) src = SRC_MODEL, k = km;
         else if (sp->t_rows[1] > 0 && (len || sp->deng)) {
-            int ps = bn >= 0 && (!sp->deng || est_rate(&sp->est[bn]) >= est_rate(&sp->est[SRC_MODEL])) ? bn
-                                                                                                   : SRC_MODEL;
+            int ps = bn >= 0 ? bn : SRC_MODEL;   /* probe the source more likely to be accepted */
+            if (bn >= 0 && sp->deng && est_rate(&sp->est[SRC_MODEL]) > est_rate(&sp->est[bn])) ps = SRC_MODEL;
             if (probe_due(sp, ps)) {
                 src = ps, k = 1;
                 sp->st.probes++;
