@@ -275,7 +275,12 @@ def main():
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--lr", type=float, default=2e-3)
     ap.add_argument("--eval-every", type=int, default=50)
+    ap.add_argument("--config", help="JSON file of CONFIG keys to replace (e.g. a smaller draft model, "
+                    "models/draft/train_config.json)")
     args = ap.parse_args()
+    if args.config:
+        with open(args.config) as f:
+            CONFIG.update(json.load(f))
     if args.estimate:
         print(json.dumps(estimate(), indent=1))
         return

@@ -19,6 +19,7 @@
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
+#include "bench_spec.h"
 #include "cli.h"
 #include "cli_opts.h"
 #include "common/util.h"
@@ -296,6 +297,10 @@ static void usage(FILE *f) {
                "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
                "  --reruns R        compute-only time: the last token re-run R times with its experts cached\n"
                "                    (default 3; 0 skips it)\n"
+               "  --prompts FILE    decode N tokens after each prompt of a set (JSON lines {\"kind\",\"text\"},\n"
+               "                    e.g. bench/spec_prompts.jsonl) instead of the random prompt\n"
+               "  --kind K          only the prompts of this kind (repetitive, prose)\n"
+               "speculative decoding (default off here, so the plain decode is what is measured):\n" CLI_SPEC_USAGE
                "storage options:\n" CLI_STORAGE_USAGE
                "(`deltafin bench kernels` benchmarks the matmul kernels)\n");
 }
@@ -313,6 +318,8 @@ typedef struct bench_result {
     df_stats s0, s1, s2;     /* after open, after prefill, after decode */
     df_profile prof;
     int32_t *tokens;
+    int passes, drafted, accepted;
+    const char *spec;        /* speculation mode */
 } bench_result;
 
 static void print_result(const bench_result *r, int json, const char *dir) {
@@ -331,7 +338,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
     if (json) {
-        printf("{\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
+        printf("{\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
+               r->passes, r->passes ? n / r->passes : 0, r->drafted, r->accepted);
+        printf("\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
                "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
@@ -394,6 +403,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  per token: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->prof.spine_read / n, r->prof.expert_read / n,
            r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
+    printf("  speculation %s: %d passes, %.2f tokens/pass, drafted %d, accepted %d\n", r->spec, r->passes,
+           r->passes ? n / r->passes : 0, r->drafted, r->accepted);
     if (r->s2.lookahead_requests || la_loads) {
         printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n  ",
                la_mode, 100 * recall, la_loads / n);
@@ -442,20 +453,28 @@ static int bench_rerun(df_engine *eng, df_session *s, const df_session *saved, i
 }
 
 int bench_model(int argc, char **argv) {
-    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS };
+    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS, OPT_PROMPTS, OPT_KIND };
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, OPT_JSON}, {"prompt", 1, 0, OPT_PROMPT},
                                        {"threads", 1, 0, 't'}, {"probe-gb", 1, 0, OPT_PROBE}, {"help", 0, 0, 'h'},
-                                       {"reruns", 1, 0, OPT_RERUNS}, CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+                                       {"reruns", 1, 0, OPT_RERUNS}, {"prompts", 1, 0, OPT_PROMPTS},
+                                       {"kind", 1, 0, OPT_KIND}, CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
     int json = 0, c, n = 8, prompt = 8, reruns = BENCH_RERUNS;
     double probe_gb = 1.5;
+    bench_spec_args sa = {0};
+    spec_opts_default(&sa.spec);
+    sa.spec.mode = SPEC_OFF;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:n:t:h", lo, NULL)) != -1) {
         int s = cli_storage_opt(c, optarg, &opts);
         if (s < 0) return 2;
         if (s) continue;
+        if ((s = cli_spec_opt(c, optarg, &sa.spec)) < 0) return 2;
+        if (s) continue;
         switch (c) {
+        case OPT_PROMPTS: sa.prompts_path = optarg; break;
+        case OPT_KIND: sa.kind = optarg; break;
         case 'm': opts.model_dir = optarg; break;
         case 'n': n = atoi(optarg); break;
         case 't': opts.n_threads = atoi(optarg); break;
@@ -479,7 +498,9 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead};
+    bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead, .passes = n,
+                      .spec = spec_mode_name(sa.spec.mode)};
+    int spec_path = sa.spec.mode != SPEC_OFF || sa.prompts_path;
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
     int probe_rc = probe_init(&r.probe, opts.model_dir, perr, sizeof perr);
@@ -506,7 +527,34 @@ int bench_model(int argc, char **argv) {
         x ^= x << 13, x ^= x >> 7, x ^= x << 17;
         ids[i] = V ? (int32_t)(x % (uint64_t)V) : 0;
     }
-    if (!rc) {
+    bench_spec_result br = {0};
+    if (!rc && spec_path) {   /* prefills happen inside: counters and profile cover the decode phases only */
+        df_engine_stats(eng, &r.s0);
+        r.s1 = r.s0;
+        df_engine_profile_reset(eng);
+        sa.model_dir = opts.model_dir;
+        sa.spec.n_threads = opts.n_threads;
+        sa.random_prompt = ids;
+        sa.n_random = prompt;
+        sa.n = n;
+        rc = bench_spec_decode(eng, s, &sa, &br, &err);
+        if (!rc) {
+            r.n = (int)br.tokens.n;
+            r.tokens = xrealloc(r.tokens, sizeof *r.tokens * (br.tokens.n ? br.tokens.n : 1));
+            memcpy(r.tokens, br.tokens.v, br.tokens.n * sizeof *r.tokens);
+            r.prompt = br.prompt_tokens;
+            r.prefill_s = br.prefill_s;
+            r.decode_s = br.decode_s;
+            r.passes = br.passes;
+            r.drafted = br.drafted;
+            r.accepted = br.accepted;
+            df_engine_stats(eng, &r.s2);
+            bench_spec_shift(&r.s2, &r.s1, &br.delta);
+            r.prof = br.prof;
+            r.rss_peak = budget_rss_peak();
+        }
+        tok_ids_free(&br.tokens);
+    } else if (!rc) {
         df_engine_stats(eng, &r.s0);
         double t0 = df_now();
         rc = df_session_eval(s, ids, prompt, logits, 0, &err);
@@ -515,7 +563,7 @@ int bench_model(int argc, char **argv) {
         df_engine_profile_reset(eng);
     }
     double t1 = df_now();
-    for (int i = 0; !rc && i < n; i++) {
+    for (int i = 0; !rc && !spec_path && i < n; i++) {
         r.tokens[i] = argmax(logits, V);
         if (saved && i == n - 1) {   /* outside the timed loop's work only by a copy of the state */
             double tc = df_now();
@@ -524,8 +572,8 @@ int bench_model(int argc, char **argv) {
         }
         if (!rc) rc = df_session_eval(s, &r.tokens[i], 1, logits, 0, &err);
     }
-    r.decode_s = df_now() - t1;
-    if (!rc) {
+    if (!spec_path) r.decode_s = df_now() - t1;
+    if (!rc && !spec_path) {
         df_engine_stats(eng, &r.s2);
         df_engine_profile(eng, &r.prof);
         r.rss_peak = budget_rss_peak();

@@ -1,4 +1,5 @@
 /* cli_gen.c — shared plumbing of the text commands (see cli_gen.h). */
+#include <errno.h>
 #include <getopt.h>
 #include <signal.h>
 #include <stdio.h>
@@ -16,7 +17,7 @@
 const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
     {"model", 1, 0, 'm'}, {"threads", 1, 0, 't'}, {"temp", 1, 0, 1001}, {"top-p", 1, 0, 1002},
     {"top-k", 1, 0, 1003}, {"seed", 1, 0, 1004}, {"min-p", 1, 0, 1005}, {"profile", 0, 0, 1006},
-    {"max-tokens", 1, 0, 'n'}, CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+    {"max-tokens", 1, 0, 'n'}, CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
 
 const char *cli_gen_usage(void) {
     return "  -m, --model DIR     model folder (default: $DELTAFIN_MODEL, else the bundled model next to the\n"
@@ -27,6 +28,7 @@ const char *cli_gen_usage(void) {
            "  --top-p P --top-k K --min-p P   sampling filters (default off)\n"
            "  --seed S            sampling seed 0-2147483647 (default: random when --temp > 0, and printed)\n"
            "  --profile           print the per-phase time of each token\n"
+           "speculative decoding:\n" CLI_SPEC_USAGE
            "storage options:\n" CLI_STORAGE_USAGE;
 }
 
@@ -37,6 +39,7 @@ void cli_gen_opts_default(cli_gen_opts *o) {
     sample_params_default(&o->sp);
     o->sp.temperature = 0.0f;
     o->max_tokens = 128;
+    spec_opts_default(&o->spec);
 }
 
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
@@ -60,7 +63,10 @@ int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
         return r;
     case 1005: return cli_parse_float("--min-p", arg, 0.0, 1.0, &o->sp.min_p);
     case 1006: o->profile = 1; return 1;
-    default: return cli_storage_opt(opt, arg, &o->eng);
+    default: {
+        int r = cli_storage_opt(opt, arg, &o->eng);
+        return r ? r : cli_spec_opt(opt, arg, &o->spec);
+    }
     }
 }
 
@@ -100,6 +106,11 @@ int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_e
     int rc = df_engine_open(&m->eng, &eo, err);
     if (!rc && df_engine_heat_note(m->eng)[0]) fprintf(stderr, "deltafin: warning: %s\n", df_engine_heat_note(m->eng));
     if (!rc) rc = df_session_init(&m->s, m->eng, err);
+    if (!rc && o->spec.mode != SPEC_OFF) {
+        spec_opts so = o->spec;
+        so.n_threads = eo.n_threads;
+        rc = spec_init(&m->spec, &so, m->eng, err);
+    }
     if (rc) return rc;
     m->n_vocab = df_engine_info(m->eng)->vocab_size;
     m->logits = xmalloc((size_t)m->n_vocab * sizeof(float));
@@ -118,6 +129,7 @@ int cli_model_open(cli_model *m, const cli_gen_opts *o, int need_tokenizer, df_e
 
 void cli_model_close(cli_model *m) {
     free(m->logits);
+    spec_free(m->spec);
     free(m->remote);
     tokenizer_free(m->tok);
     df_session_free(m->s);
@@ -226,4 +238,35 @@ int cli_stream_event(void *ctx, const gen_event *ev) {
 void cli_stream_end(cli_stream *o) {
     if (o->reasoning_open) fputs("\033[0m", stdout);
     o->reasoning_open = 0;
+}
+
+void cli_spec_summary(const cli_model *m, const gen_result *res) {
+    if (!m->spec || !res->passes) return;
+    double n = (double)res->ids.n;
+    fprintf(stderr, "speculation %s: %d passes after the prompt for %zu tokens (%.2f tokens/pass, %.2f passes/token); "
+            "drafted %d, accepted %d (%.0f%%)\n", spec_mode_name(spec_get_mode(m->spec)), res->passes, res->ids.n,
+            n / res->passes, res->passes / n, res->drafted, res->accepted,
+            res->drafted ? 100.0 * res->accepted / res->drafted : 0.0);
+}
+
+int cli_write_stats_json(const char *path, const gen_result *res, const df_stats *a, const df_stats *b,
+                         df_error *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) {
+        df_error_set(err, DF_EIO, "--stats-json %s: %s", path, strerror(errno));
+        return DF_EIO;
+    }
+    double n = (double)DF_MAX(res->ids.n, (size_t)1);
+    uint64_t disk = b->disk_bytes - a->disk_bytes;
+    fprintf(f, "{\"tokens\":%zu,\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,"
+            "\"decode_s\":%.6f,\"s_per_token\":%.6f,\"disk_bytes\":%llu,\"disk_bytes_per_token\":%.1f,"
+            "\"expert_disk_bytes_per_token\":%.1f,\"spine_disk_bytes_per_token\":%.1f}\n",
+            res->ids.n, res->passes, res->passes ? (double)res->ids.n / res->passes : 0.0, res->drafted,
+            res->accepted, res->decode_s, res->decode_s / n, (unsigned long long)disk, disk / n,
+            (b->expert_disk_bytes - a->expert_disk_bytes) / n, (b->spine_disk_bytes - a->spine_disk_bytes) / n);
+    if (fclose(f)) {
+        df_error_set(err, DF_EIO, "--stats-json %s: %s", path, strerror(errno));
+        return DF_EIO;
+    }
+    return DF_OK;
 }

@@ -20,6 +20,7 @@ typedef struct cli_model {
     chat_format fmt;         /* 0 when no chat format was detected */
     int n_vocab;
     float *logits;           /* [n_vocab] */
+    spec *spec;              /* speculative decoding; NULL when off */
 } cli_model;
 
 /* Common flags. Returns 1 if the option was one of these (consumed), 0 if not, -1 on a bad value. */
@@ -28,6 +29,7 @@ typedef struct cli_gen_opts {
     sample_params sp;
     int max_tokens;
     int profile;
+    spec_opts spec;
     int seed_set;            /* --seed given */
 } cli_gen_opts;
 
@@ -37,7 +39,7 @@ void cli_gen_opts_default(cli_gen_opts *o);
 int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg);
 /* The getopt_long entries cli_gen_parse understands (short options: m: n: t:); terminated by a zero entry
  * at index CLI_GEN_N_LONGOPTS. */
-#define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS)
+#define CLI_GEN_N_LONGOPTS (9 + CLI_STORAGE_N_LONGOPTS + CLI_SPEC_N_LONGOPTS)
 extern const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1];
 const char *cli_gen_usage(void);
 /* After parsing: sampling with no --seed gets a random one, printed on stderr so a run can be repeated. */
@@ -79,5 +81,12 @@ void cli_stream_end(cli_stream *o);
 void cli_profile_line(cli_model *m, int index, df_profile *prev);
 /* One line of per-layer look-ahead recall (nothing when no layer had a guess scored). */
 void cli_lookahead_line(df_engine *eng, FILE *f);
+
+/* One line on stderr: passes, tokens per pass, drafted/accepted of a generation (with speculation on). */
+void cli_spec_summary(const cli_model *m, const gen_result *res);
+/* Writes one JSON object: tokens, passes, tokens_per_pass, drafted, accepted, decode_s, s_per_token and the
+ * disk bytes read between the stats a (before decoding) and b (after), per generated token. */
+int cli_write_stats_json(const char *path, const gen_result *res, const df_stats *a, const df_stats *b,
+                         df_error *err);
 
 #endif

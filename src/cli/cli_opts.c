@@ -126,3 +126,22 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
     default: return 0;
     }
 }
+
+int cli_spec_opt(int c, const char *arg, spec_opts *o) {
+    long v;
+    int r;
+    switch (c) {
+    case CLI_OPT_SPEC:
+        if ((v = spec_parse_mode(arg)) < 0) {
+            fprintf(stderr, "deltafin: --spec: expected off, ngram, draft or auto, got '%s'\n", arg);
+            return -1;
+        }
+        o->mode = (spec_mode)v;
+        return 1;
+    case CLI_OPT_DRAFT: o->draft_dir = arg; return 1;
+    case CLI_OPT_DRAFT_MAX:
+        if ((r = cli_parse_int("--draft-max", arg, 1, SPEC_DRAFT_MAX_LIMIT, &v)) > 0) o->draft_max = (int)v;
+        return r;
+    default: return 0;
+    }
+}

@@ -6,6 +6,7 @@
 
 #include <stdint.h>
 #include "deltafin.h"
+#include "sample/spec.h"
 
 enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
        CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE,
@@ -46,10 +47,24 @@ int cli_parse_float(const char *flag, const char *arg, double lo, double hi, flo
  * printing "deltafin CMD: unexpected argument ...". */
 int cli_no_stray_args(const char *cmd, int argc, char **argv, int optind);
 
+/* Speculative decoding options (run, chat, serve, bench): added like CLI_STORAGE_LONGOPTS, parsed by
+ * cli_spec_opt. */
+enum { CLI_OPT_SPEC = 0x1600, CLI_OPT_DRAFT, CLI_OPT_DRAFT_MAX };
+#define CLI_SPEC_N_LONGOPTS 3
+#define CLI_SPEC_LONGOPTS                                                                                       \
+    {"spec", 1, 0, CLI_OPT_SPEC}, {"draft", 1, 0, CLI_OPT_DRAFT}, {"draft-max", 1, 0, CLI_OPT_DRAFT_MAX}
+#define CLI_SPEC_USAGE                                                                                          \
+    "  --spec MODE       speculative decoding, lossless: off, ngram (prompt lookup), draft (--draft model) or\n" \
+    "                    auto (default: drafts only while they measurably pay)\n"                               \
+    "  --draft DIR       draft model with the same vocabulary (e.g. models/draft for the bundled model)\n"      \
+    "  --draft-max K     most tokens drafted per pass (default 4)\n"
+
 /* Parses "8G", "1.5GiB", "512M", "4096K", "123B"; a bare number means GiB. Returns -1 if malformed. */
 int cli_parse_bytes(const char *s, uint64_t *out);
 /* Applies option code c (from CLI_STORAGE_LONGOPTS) to o: 1 handled, 0 not a storage option, -1 bad value
  * (a message was printed). */
 int cli_storage_opt(int c, const char *arg, df_engine_opts *o);
+/* Applies option code c (from CLI_SPEC_LONGOPTS) to o, like cli_storage_opt. */
+int cli_spec_opt(int c, const char *arg, spec_opts *o);
 
 #endif

@@ -80,7 +80,8 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
     }
     if (!rc) {
         gen_config gc = {.tok = m->tok, .chat = 1, .fmt = m->fmt, .in_reasoning = m->fmt == CHAT_K3,
-                         .max_tokens = go->max_tokens < room ? go->max_tokens : (int)room, .eos_id = eos, .sp = go->sp};
+                         .max_tokens = go->max_tokens < room ? go->max_tokens : (int)room, .eos_id = eos, .sp = go->sp,
+                         .spec = m->spec};
         rc = gen_run(m->s, &gc, m->logits, m->n_vocab, cli_stream_event, &out, &res, err);
         if (rc == DF_ECANCELLED) {
             cli_stream_end(&out);
@@ -106,6 +107,7 @@ static int chat_turn(cli_model *m, chat_log *log, const cli_gen_opts *go, df_err
         fprintf(stderr, "(fed %zu new prompt tokens, context %lld; generated %zu tokens, %.2f tokens/s)\n", delta.n,
                 (long long)df_session_pos(m->s), res.ids.n, res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
     }
+    if (!rc && go->profile) cli_spec_summary(m, &res);
     tok_ids_free(&delta);
     tok_ids_free(&res.ids);
     return rc;

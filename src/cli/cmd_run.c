@@ -27,7 +27,8 @@ static void usage(FILE *f) {
                "  -p, --prompt TEXT   text prompt (raw completion; with --chat, one user message)\n"
                "  -f, --file FILE     read the prompt from FILE (- = standard input); one final newline is dropped\n"
                "  --tokens IDS        token-id prompt; the continuation is printed as ids\n"
-               "  --chat              use the model's chat format and show its reasoning apart\n%s",
+               "  --chat              use the model's chat format and show its reasoning apart\n"
+               "  --stats-json FILE   write the decode counters (tokens, passes, drafted, bytes...) as JSON\n%s",
             cli_gen_usage());
 }
 
@@ -84,14 +85,14 @@ static int run_prompt(cli_model *m, const char *text, size_t len, const char *id
 }
 
 int cmd_run(int argc, char **argv) {
-    struct option longopts[CLI_GEN_N_LONGOPTS + 6];
+    struct option longopts[CLI_GEN_N_LONGOPTS + 7];
     memcpy(longopts, cli_gen_longopts, sizeof cli_gen_longopts);
     struct option extra[] = {{"prompt", 1, 0, 'p'}, {"file", 1, 0, 'f'}, {"tokens", 1, 0, 2001},
-                             {"chat", 0, 0, 2002}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                             {"chat", 0, 0, 2002}, {"help", 0, 0, 'h'}, {"stats-json", 1, 0, 2003}, {0, 0, 0, 0}};
     memcpy(longopts + CLI_GEN_N_LONGOPTS, extra, sizeof extra);
     cli_gen_opts go;
     cli_gen_opts_default(&go);
-    const char *text = NULL, *ids = NULL, *file = NULL;
+    const char *text = NULL, *ids = NULL, *file = NULL, *stats_json = NULL;
     int chat = 0, c;
     while ((c = getopt_long(argc, argv, "m:n:t:p:f:h", longopts, NULL)) != -1) {
         int r = cli_gen_parse(&go, c, optarg);
@@ -100,6 +101,7 @@ int cmd_run(int argc, char **argv) {
         else if (c == 'f') file = optarg;
         else if (c == 2001) ids = optarg;
         else if (c == 2002) chat = 1;
+        else if (c == 2003) stats_json = optarg;
         else if (c == 'h') return usage(stdout), 0;
         else {
             if (r < 0) fprintf(stderr, "deltafin run --help lists the options\n");
@@ -135,14 +137,17 @@ int cmd_run(int argc, char **argv) {
     cli_stream out = {.m = &m, .ids_only = ids != NULL, .profile = go.profile};
     if (!rc) df_engine_profile(m.eng, &out.prof);   /* token 0's profile line then covers the prefill */
     if (!rc) rc = cli_prefill(&m, prompt.v, (int)prompt.n, &err);
+    df_stats st0 = {0}, st1 = {0};
+    if (!rc) df_engine_stats(m.eng, &st0);
     if (!rc) {
         t1 = df_now();
         int64_t room = df_engine_info(m.eng)->max_context - df_session_pos(m.s) + 1;   /* the last is not fed */
         gen_config gc = {.tok = ids ? NULL : m.tok, .chat = chat, .fmt = m.fmt, .in_reasoning = chat && m.fmt == CHAT_K3,
                          .max_tokens = go.max_tokens < room ? go.max_tokens : (int)room,
-                         .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp};
+                         .eos_id = df_engine_info(m.eng)->eos_id, .sp = go.sp, .spec = m.spec};
         rc = gen_run(m.s, &gc, m.logits, m.n_vocab, cli_stream_event, &out, &res, &err);
         if (rc == DF_ECANCELLED) rc = DF_OK;
+        df_engine_stats(m.eng, &st1);
         cli_stream_end(&out);
         if (res.ids.n) fputs("\n", stdout);
         fflush(stdout);
@@ -155,6 +160,11 @@ int cmd_run(int argc, char **argv) {
                 prompt.n, t1 - t0, prompt.n / (t1 - t0 + 1e-9), res.ids.n, res.decode_s,
                 res.decode_s > 0 ? res.ids.n / res.decode_s : 0.0);
         if (go.profile) cli_lookahead_line(m.eng, stderr);
+        if (go.profile || m.spec) cli_spec_summary(&m, &res);
+        if (stats_json && cli_write_stats_json(stats_json, &res, &st0, &st1, &err)) {
+            fprintf(stderr, "deltafin run: %s\n", err.msg);
+            rc = DF_EIO;
+        }
     }
     tok_ids_free(&res.ids);
     tok_ids_free(&prompt);

@@ -1,10 +1,18 @@
 /* generate.c — the shared decode loop (generate.h). The last sampled token is not evaluated: nobody needs
- * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed. */
+ * its logits, and the caller learns from n_evaluated exactly which tokens the session has consumed.
+ *
+ * With speculation a pass evaluates the sampled token and the drafts behind it, and each row is sampled
+ * exactly as without speculation; a draft is kept while it equals what was sampled. For a draft x (a
+ * one-hot proposal) that is the standard rejection rule: x is accepted with probability p(x), and on
+ * rejection the token drawn is distributed as p without x, renormalised. Because every emitted token
+ * takes one draw of the sampler's generator in the same order as without speculation, a seed gives the
+ * same tokens whether and however much was drafted (greedy: the argmax, as always). */
 #include "generate.h"
 
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
+#include "sample/spec.h"
 
 typedef struct gen_text {
     chat_splitter *split;
@@ -18,7 +26,6 @@ struct gen_state {
     gen_config cfg;
     sampler smp;
     gen_text g;
-    int i;
 };
 
 /* Decodes one id into rs (reasoning) / ct (answer); returns 1 at the end of the chat message. */
@@ -35,6 +42,84 @@ static void gen_text_finish(gen_text *g, const gen_config *cfg) {
     if (!cfg->tok) return;
     if (g->split) chat_splitter_finish(g->split, &g->rs, &g->ct);
     else utf8_stream_flush(&g->u8, &g->ct.p, &g->ct.len, &g->ct.cap);
+}
+
+/* What one emitted token leads to. */
+enum { EMIT_MORE = 0, EMIT_FINAL, EMIT_CANCELLED };
+
+/* Records id, decodes its text, matches stop strings and reports it to the callback. */
+static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id, const sample_result *sr,
+                    gen_result *res, gen_event_fn cb, void *ctx) {
+    sampler_accept(smp, id);
+    tok_ids_push(&res->ids, id);
+    g->rs.len = g->ct.len = 0;
+    text_buf_clear(&g->out);
+    int ended = id == cfg->eos_id || gen_text_feed(g, cfg, id);
+    int at_limit = !ended && (int)res->ids.n >= cfg->max_tokens;
+    if (ended || at_limit) gen_text_finish(g, cfg);
+    gen_event ev = {.id = id, .sample = sr, .passes = res->passes, .drafted = res->drafted,
+                    .accepted = res->accepted};
+    if (stop_feed(&g->stop, g->ct.p, g->ct.len, &g->out)) {
+        ev.final = 1;
+        ev.finish = GEN_FINISH_STOP;
+    } else if (ended || at_limit) {
+        stop_flush(&g->stop, &g->out);
+        ev.final = 1;
+        ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
+    }
+    ev.content = g->out.p ? g->out.p : "";
+    ev.content_len = g->out.len;
+    ev.reasoning = g->rs.p ? g->rs.p : "";
+    ev.reasoning_len = g->rs.len;
+    res->finish = ev.finish;
+    if (cb && cb(ctx, &ev) && !ev.final) {
+        res->finish = GEN_FINISH_CANCELLED;
+        return EMIT_CANCELLED;
+    }
+    return ev.final ? EMIT_FINAL : EMIT_MORE;
+}
+
+/* A speculative pass: id (emitted, not evaluated) and drafts[0..k) evaluated as one batch; each draft is
+ * checked against the token sampled from the row before it and emitted while they agree, then the session
+ * goes back to the kept tokens. *next gets the token to emit after the pass (the model's own choice at the
+ * first disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
+static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen_text *g, int32_t id,
+                         const int32_t *drafts, int k, float *rows, int n_vocab, int32_t *next, sample_result *sr,
+                         gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc, df_error *err) {
+    int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];
+    in[0] = id;
+    memcpy(in + 1, drafts, (size_t)k * sizeof(int32_t));
+    int64_t pos0 = df_session_pos(s);
+    double t0 = df_now();
+    int rc = df_session_eval(s, in, k + 1, rows, 1, err);
+    double t_eval = df_now() - t0;
+    if (rc) return rc;
+    res->passes++;
+    res->n_evaluated++;
+    int j = 0, accepted = 0;
+    res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
+    *emit_rc = EMIT_MORE;
+    for (; j < k; j++) {
+        int32_t t = sampler_sample(smp, rows + (size_t)j * n_vocab, sr);
+        if (t != drafts[j]) {
+            *next = t;
+            break;
+        }
+        accepted++;
+        res->accepted++;
+        *emit_rc = gen_emit(g, cfg, smp, t, sr, res, cb, ctx);
+        if (*emit_rc) break;
+        res->n_evaluated++;
+    }
+    if (j == k) *next = sampler_sample(smp, rows + (size_t)k * n_vocab, sr);
+    double rollback = -1;
+    if (j < k) {   /* the session keeps id and the drafts before j */
+        t0 = df_now();
+        rc = df_session_truncate(s, pos0 + 1 + j, err);
+        rollback = df_now() - t0;
+    }
+    spec_observe(cfg->spec, k + 1, accepted, t_eval, rollback);
+    return rc;
 }
 
 gen_state *gen_state_new(const gen_config *cfg, int n_vocab) {
@@ -60,59 +145,61 @@ void gen_state_free(gen_state *s) {
 }
 
 int gen_step(gen_state *s, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res) {
-    const gen_config *cfg = &s->cfg;
-    gen_text *g = &s->g;
     double t0 = df_now();
     sample_result sr;
     int32_t id = sampler_sample(&s->smp, logits, &sr);
-    sampler_accept(&s->smp, id);
-    tok_ids_push(&res->ids, id);
-    g->rs.len = g->ct.len = 0;
-    text_buf_clear(&g->out);
-    int ended = id == cfg->eos_id || gen_text_feed(g, cfg, id);
-    int at_limit = !ended && ++s->i >= cfg->max_tokens;
-    if (ended || at_limit) gen_text_finish(g, cfg);
-    gen_event ev = {.id = id, .sample = &sr};
-    if (stop_feed(&g->stop, g->ct.p, g->ct.len, &g->out)) {
-        ev.final = 1;
-        ev.finish = GEN_FINISH_STOP;
-    } else if (ended || at_limit) {
-        stop_flush(&g->stop, &g->out);
-        ev.final = 1;
-        ev.finish = ended ? GEN_FINISH_STOP : GEN_FINISH_LENGTH;
-    }
-    ev.content = g->out.p ? g->out.p : "";
-    ev.content_len = g->out.len;
-    ev.reasoning = g->rs.p ? g->rs.p : "";
-    ev.reasoning_len = g->rs.len;
-    res->finish = ev.finish;
-    int stop = cb && cb(ctx, &ev) && !ev.final;
-    if (stop) res->finish = GEN_FINISH_CANCELLED;
+    int e = gen_emit(&s->g, &s->cfg, &s->smp, id, &sr, res, cb, ctx);
     *next = id;
     res->decode_s += df_now() - t0;
-    return ev.final || stop;
+    return e != EMIT_MORE;
 }
 
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err) {
     memset(res, 0, sizeof *res);
-    gen_state *g = gen_state_new(cfg, n_vocab);
+    gen_state *st = gen_state_new(cfg, n_vocab);
+    sampler *smp = &st->smp;
+    gen_text *g = &st->g;
+    int kmax = cfg->spec ? spec_draft_max(cfg->spec) : 0;
+    float *rows = kmax ? xmalloc((size_t)(kmax + 1) * n_vocab * sizeof(float)) : NULL;
+    int32_t drafts[SPEC_DRAFT_MAX_LIMIT];
+    double t0 = df_now();
     int rc = DF_OK;
-    int32_t id;
-    while (!gen_step(g, logits, cb, ctx, &id, res)) {
-        double t0 = df_now();
-        rc = df_session_eval(s, &id, 1, logits, 0, err);
-        res->decode_s += df_now() - t0;
-        if (rc) {
-            if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
-            break;
+    sample_result sr;
+    int32_t id = sampler_sample(smp, logits, &sr);
+    for (;;) {
+        int e = gen_emit(g, cfg, smp, id, &sr, res, cb, ctx);
+        int k = 0;
+        if (!e && cfg->spec) {
+            k = spec_propose(cfg->spec, s, id, cfg->max_tokens - (int)res->ids.n, drafts, err);
+            if (k < 0) {
+                rc = k;
+                break;
+            }
         }
-        res->n_evaluated++;
+        if (!e && k) {
+            rc = gen_spec_pass(s, cfg, smp, g, id, drafts, k, rows, n_vocab, &id, &sr, res, cb, ctx, &e, err);
+            if (!rc && !e) continue;
+        } else if (!e) {
+            double te = df_now();
+            rc = df_session_eval(s, &id, 1, logits, 0, err);
+            if (!rc) {
+                res->passes++;
+                res->n_evaluated++;
+                if (cfg->spec) spec_observe(cfg->spec, 1, 0, df_now() - te, -1);
+                id = sampler_sample(smp, logits, &sr);
+                continue;
+            }
+        }
+        if (e == EMIT_CANCELLED) {
+            df_error_set(err, DF_ECANCELLED, "generation cancelled");
+            rc = DF_ECANCELLED;
+        }
+        if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
+        break;
     }
-    if (!rc && res->finish == GEN_FINISH_CANCELLED) {
-        df_error_set(err, DF_ECANCELLED, "generation cancelled");
-        rc = DF_ECANCELLED;
-    }
-    gen_state_free(g);
+    res->decode_s = df_now() - t0;
+    free(rows);
+    gen_state_free(st);
     return rc;
 }

@@ -21,6 +21,7 @@ typedef struct gen_config {
     const char *const *stop;  /* stop strings, matched on the answer text */
     int n_stop;
     sample_params sp;
+    struct spec *spec;        /* speculative decoding (sample/spec.h); NULL = one token per pass */
 } gen_config;
 
 typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED } gen_finish;
@@ -36,6 +37,7 @@ typedef struct gen_event {
     size_t reasoning_len;
     int final;
     gen_finish finish;
+    int passes, drafted, accepted;   /* the generation's counters so far (gen_result) */
 } gen_event;
 
 /* Return non-zero to stop generating (finish = cancelled). */
@@ -46,6 +48,8 @@ typedef struct gen_result {
     tok_ids ids;              /* every sampled id (the caller frees with tok_ids_free) */
     int n_evaluated;          /* how many of them were fed back into the session (all but the last) */
     double decode_s;          /* time spent sampling and evaluating */
+    int passes;               /* target evaluations (each verifies any drafts of its pass) */
+    int drafted, accepted;    /* drafted tokens verified, and how many of them the target kept */
 } gen_result;
 
 /* logits: [vocab] after the prompt; reused as scratch. Returns DF_OK, DF_ECANCELLED (callback or the
