@@ -44,7 +44,12 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
     int rc = DF_OK;
     for (int i = 0;; i++) {
         sample_result sr;
+        /* nothing allowed only happens with a broken constraint: ending the message is the safe way out */
+        if (cfg->mask && !cfg->mask(cfg->mask_ctx, logits, n_vocab, cfg->max_tokens - i) && cfg->eos_id >= 0 &&
+            cfg->eos_id < n_vocab)
+            logits[cfg->eos_id] = 0;
         int32_t id = sampler_sample(&smp, logits, &sr);
+        if (cfg->mask_accept) cfg->mask_accept(cfg->mask_ctx, id);
         sampler_accept(&smp, id);
         tok_ids_push(&res->ids, id);
         g.rs.len = g.ct.len = 0;

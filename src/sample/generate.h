@@ -21,6 +21,12 @@ typedef struct gen_config {
     const char *const *stop;  /* stop strings, matched on the answer text */
     int n_stop;
     sample_params sp;
+    /* Optional constraint on the sampled tokens (e.g. a grammar): before each sample, mask(mask_ctx, logits,
+     * n_vocab, budget) sets forbidden logits to -inf (budget: tokens that may still be generated, this one
+     * included) and returns how many remain allowed; mask_accept(mask_ctx, id) then advances it. */
+    int (*mask)(void *ctx, float *logits, int n_vocab, int budget);
+    int (*mask_accept)(void *ctx, int32_t id);
+    void *mask_ctx;
 } gen_config;
 
 typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED } gen_finish;
