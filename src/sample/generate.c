@@ -16,6 +16,7 @@ typedef struct gen_text {
 /* Decodes one id into rs (reasoning) / ct (answer); returns 1 at the end of the chat message. */
 static int gen_text_feed(gen_text *g, const gen_config *cfg, int32_t id) {
     if (!cfg->tok) return 0;
+    if (g->split && cfg->tools && chat_tool_parser_feed(cfg->tools, id)) return 0;
     if (g->split) return chat_splitter_feed(g->split, id, &g->rs, &g->ct);
     size_t n = 0;
     const uint8_t *b = tokenizer_token_bytes(cfg->tok, id, &n);

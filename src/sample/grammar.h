@@ -30,7 +30,7 @@
 #include "tokenizer/tokenizer.h"
 
 #define GRAMMAR_MAX_DEPTH 48
-#define GRAMMAR_MAX_WS 8
+#define GRAMMAR_MAX_WS 4
 #define GRAMMAR_INF 0x3fffffffu
 
 typedef struct grammar grammar;

@@ -13,6 +13,7 @@
 #include <unistd.h>
 #include "common/util.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 #define POLL_MS 100
 
@@ -193,7 +194,11 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
         else if (r->reasoning_effort) co.effort = r->reasoning_effort;
         if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
+        if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
+        void *keep;
+        tools_chat_opts(r, &co, &keep);
         int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
+        tools_chat_free(keep);
         free(m);
         if (rc) {
             srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
@@ -244,7 +249,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         clock_gettime(CLOCK_REALTIME, &ts);
         r->sp.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)j;
     }
-    return 0;
+    return tools_prepare(s, j, err);
 }
 
 static enum MHD_Result handle_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc) {

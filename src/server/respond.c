@@ -6,6 +6,7 @@
 #include <string.h>
 #include "common/util.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 static const char *finish_name(gen_finish f) { return f == GEN_FINISH_LENGTH ? "length" : "stop"; }
 
@@ -127,7 +128,8 @@ void respond_sse_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *
         sse_write(o, out);
     }
     if (ev->final) {
-        json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason", finish_name(ev->finish));
+        json_t *choice = json_pack("{s:i,s:n,s:s}", "index", 0, "logprobs", "finish_reason",
+                                   tools_finish_reason(j, finish_name(ev->finish)));
         if (j->req.ep == SRV_EP_CHAT) json_object_set_new(choice, "delta", json_object());
         else json_object_set_new(choice, "text", json_string(""));
         json_t *o = chunk_base(s, j);
@@ -174,12 +176,14 @@ char *respond_final_json(const srv *s, srv_job *j) {
                                   : (j->req.ep == SRV_EP_CHAT ? json_array() : completion_logprobs_new());
         lp = j->req.ep == SRV_EP_CHAT ? json_pack("{s:o}", "content", acc) : acc;
     }
-    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", 0, "logprobs", lp, "finish_reason", finish_name(j->finish));
+    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", 0, "logprobs", lp, "finish_reason",
+                               tools_finish_reason(j, finish_name(j->finish)));
     const char *content = j->content.p ? j->content.p : "";
     if (j->req.ep == SRV_EP_CHAT) {
         json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", content, j->content.len);
         if (j->reasoning.len)
             json_object_set_new(msg, "reasoning_content", json_stringn(j->reasoning.p, j->reasoning.len));
+        tools_final_message(j, msg);
         json_object_set_new(choice, "message", msg);
     } else {
         json_object_set_new(choice, "text", json_stringn(content, j->content.len));

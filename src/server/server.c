@@ -39,6 +39,7 @@ static void srv_free(srv *s) {
     if (s->eng) df_engine_free(s->eng);
     if (s->tok) tokenizer_free(s->tok);
     tok_ids_free(&s->hist);
+    grammar_vocab_free(s->gvocab);
     free(s->logits);
     free(s->model_id);
     metrics_free(&s->m);

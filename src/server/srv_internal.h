@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include "sample/generate.h"
+#include "sample/grammar.h"
 #include "server/request.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -48,6 +49,7 @@ typedef struct srv_job {
     gen_finish finish;
     char id[48];
     long long created;
+    void *tools;                 /* tools.c: constraint, tool-call parser, streaming progress */
 } srv_job;
 
 /* ---- the server ---- */
@@ -74,6 +76,7 @@ struct srv {
     uint64_t next_id;
     srv_metrics m;
     /* worker-only */
+    grammar_vocab *gvocab;       /* the vocabulary prepared for constrained output, made on first use */
     tok_ids hist;                /* exactly the tokens the session has consumed */
     float *logits;
 };

@@ -8,6 +8,7 @@
 #include <time.h>
 #include "common/util.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 #define PREFILL_CHUNK 256   /* bounds activation memory of one prefill batch */
 
@@ -25,6 +26,7 @@ srv_job *job_new(srv *s) {
 }
 
 static void job_free(srv_job *j) {
+    tools_job_free(j);
     srv_request_free(&j->req);
     tok_ids_free(&j->prompt);
     pthread_cond_destroy(&j->cv);
@@ -112,6 +114,7 @@ static int worker_on_event(void *ctx, const gen_event *ev) {
     j->n_gen++;
     if (j->req.stream) {
         text_buf chunk = {0};
+        tools_sse_deltas(w->s, j, ev->final, &chunk);
         respond_sse_event(w->s, j, ev, &chunk);
         if (ev->final) respond_sse_end(w->s, j, &chunk);
         pthread_mutex_lock(&w->s->mu);
@@ -158,6 +161,7 @@ static void worker_run(srv *s, srv_job *j) {
         gen_config cfg = {.tok = s->tok, .chat = j->chat, .fmt = s->fmt, .in_reasoning = j->in_reasoning,
                           .max_tokens = j->max_tokens, .eos_id = s->info->eos_id,
                           .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .sp = j->req.sp};
+        tools_gen_config(s, j, &cfg);
         worker_ctx w = {s, j};
         rc = gen_run(s->sess, &cfg, s->logits, s->info->vocab_size, worker_on_event, &w, &res, &err);
         j->finish = res.finish;

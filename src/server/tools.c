@@ -1,0 +1,524 @@
+/* tools.c — tool calls and constrained output for the server (tools.h). A required or named tool call and a
+ * JSON response_format are generated under a grammar (src/sample/grammar.h), so that even a model that never
+ * saw a chat returns a call that parses and whose arguments validate against the function's parameters. */
+#include "server/tools.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "common/util.h"
+#include "sample/grammar.h"
+#include "tokenizer/toolcall.h"
+
+#define MAX_TOOLS 64
+#define MAX_PARALLEL_CALLS 8
+
+typedef struct tools_job {
+    grammar *g;
+    grammar_mask mask;
+    int has_mask;
+    int32_t ban[2];            /* tool_choice none: the ids that open a call */
+    int n_ban;
+    chat_tool_parser *parser;
+    int *sent_head;            /* streaming: call i's id and name were sent */
+    size_t *sent_args;         /* streaming: bytes of call i's arguments sent */
+    int n_sent;
+} tools_job;
+
+/* ---- request ---- */
+
+static int refuse(srv_err *err, const char *param, const char *fmt, const char *what) {
+    char msg[400];
+    snprintf(msg, sizeof msg, fmt, what);
+    srv_err_set(err, 400, "invalid_request_error", "invalid_value", param, "%s", msg);
+    return -1;
+}
+
+static int valid_name(const char *s) {
+    size_t n = strlen(s);
+    if (!n || n > 64) return 0;
+    for (; *s; s++)
+        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
+              *s == '-'))
+            return 0;
+    return 1;
+}
+
+static int parse_tools(srv_request *r, json_t *v, srv_err *err) {
+    if (json_is_null(v)) return 1;
+    if (!json_is_array(v)) return refuse(err, "tools", "'tools' must be an array of function tools.%s", "");
+    size_t n = json_array_size(v);
+    if (n == 0) return 1;   /* no tools: as if absent */
+    if (n > MAX_TOOLS) return refuse(err, "tools", "At most 64 tools are supported.%s", "");
+    r->tools = xcalloc(n, sizeof *r->tools);
+    for (size_t i = 0; i < n; i++) {
+        json_t *t = json_array_get(v, i), *fn = json_object_get(t, "function");
+        char param[64];
+        snprintf(param, sizeof param, "tools[%zu]", i);
+        json_t *type = json_object_get(t, "type");
+        if (!json_is_object(t) || (type && !json_is_string(type)) || (type && strcmp(json_string_value(type), "function")))
+            return refuse(err, param, "Only tools of type 'function' are supported.%s", "");
+        snprintf(param, sizeof param, "tools[%zu].function", i);
+        if (!json_is_object(fn)) return refuse(err, param, "'function' must be an object.%s", "");
+        json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
+        snprintf(param, sizeof param, "tools[%zu].function.name", i);
+        if (!json_is_string(name) || !valid_name(json_string_value(name)))
+            return refuse(err, param, "A function name must be 1-64 characters of a-z, A-Z, 0-9, _ and -.%s", "");
+        for (int k = 0; k < r->n_tools; k++)
+            if (!strcmp(r->tools[k].name, json_string_value(name)))
+                return refuse(err, param, "Function '%s' is declared twice.", json_string_value(name));
+        r->tools[r->n_tools].name = xstrdup(json_string_value(name));
+        r->n_tools++;
+        snprintf(param, sizeof param, "tools[%zu].function.parameters", i);
+        if (params && !json_is_null(params)) {
+            if (!json_is_object(params)) return refuse(err, param, "'parameters' must be a JSON schema object.%s", "");
+            r->tools[r->n_tools - 1].parameters = json_dumps(params, JSON_COMPACT);
+        }
+    }
+    r->tools_json = json_dumps(v, JSON_COMPACT);
+    return 1;
+}
+
+static int parse_tool_choice(srv_request *r, json_t *v, srv_err *err) {
+    if (json_is_null(v)) return 1;
+    if (json_is_string(v)) {
+        const char *c = json_string_value(v);
+        if (!strcmp(c, "auto")) r->tool_choice = SRV_TOOLS_AUTO;
+        else if (!strcmp(c, "none")) r->tool_choice = SRV_TOOLS_NONE;
+        else if (!strcmp(c, "required")) r->tool_choice = SRV_TOOLS_REQUIRED;
+        else return refuse(err, "tool_choice", "Unsupported tool_choice '%s' (auto, none, required, or a function).", c);
+        return 1;
+    }
+    json_t *fn = json_object_get(v, "function"), *name = json_object_get(fn, "name");
+    if (!json_is_object(v) || !json_is_string(name))
+        return refuse(err, "tool_choice",
+                      "'tool_choice' must be auto, none, required or {\"type\":\"function\",\"function\":{\"name\":…}}.%s",
+                      "");
+    r->tool_choice = SRV_TOOLS_NAMED;
+    free(r->tool_choice_name);
+    r->tool_choice_name = xstrdup(json_string_value(name));
+    return 1;
+}
+
+static int parse_response_format(srv_request *r, json_t *v, srv_err *err) {
+    if (json_is_null(v)) return 1;
+    json_t *type = json_object_get(v, "type");
+    if (!json_is_object(v) || !json_is_string(type))
+        return refuse(err, "response_format", "'response_format' must be an object with a 'type'.%s", "");
+    const char *t = json_string_value(type);
+    if (!strcmp(t, "text")) return 1;
+    if (!strcmp(t, "json_object")) {
+        r->response_format = SRV_FORMAT_JSON_OBJECT;
+        return 1;
+    }
+    if (strcmp(t, "json_schema"))
+        return refuse(err, "response_format.type", "Unsupported response_format type '%s' (text, json_object, json_schema).", t);
+    json_t *js = json_object_get(v, "json_schema"), *schema = json_object_get(js, "schema");
+    if (!json_is_object(js)) return refuse(err, "response_format.json_schema", "'json_schema' must be an object.%s", "");
+    r->response_format = SRV_FORMAT_JSON_SCHEMA;
+    free(r->response_schema);
+    r->response_schema = schema && !json_is_null(schema) ? json_dumps(schema, JSON_COMPACT | JSON_ENCODE_ANY)
+                                                         : xstrdup("{\"type\":\"object\"}");
+    df_error de = {0};
+    if (grammar_check_schema(r->response_schema, strlen(r->response_schema), &de)) {
+        srv_err_set(err, 400, "invalid_request_error", "invalid_schema", "response_format.json_schema.schema", "%s",
+                    de.msg);
+        return -1;
+    }
+    return 1;
+}
+
+int tools_parse_field(srv_request *r, const char *key, json_t *v, srv_err *err) {
+    if (r->ep != SRV_EP_CHAT) return 0;
+    if (!strcmp(key, "tools")) return parse_tools(r, v, err);
+    if (!strcmp(key, "tool_choice")) return parse_tool_choice(r, v, err);
+    if (!strcmp(key, "parallel_tool_calls")) {
+        if (json_is_null(v)) return 1;
+        if (!json_is_boolean(v)) return refuse(err, key, "'parallel_tool_calls' must be a boolean.%s", "");
+        r->parallel_tool_calls = json_is_true(v) ? 1 : -1;
+        return 1;
+    }
+    if (!strcmp(key, "response_format")) return parse_response_format(r, v, err);
+    return 0;
+}
+
+int tools_parse_message(srv_message *m, json_t *obj, size_t i, srv_err *err) {
+    char param[96];
+    json_t *calls = json_object_get(obj, "tool_calls"), *id = json_object_get(obj, "tool_call_id"),
+           *name = json_object_get(obj, "name");
+    if (json_is_string(name)) m->name = xstrdup(json_string_value(name));
+    snprintf(param, sizeof param, "messages[%zu].tool_call_id", i);
+    if (id && !json_is_null(id)) {
+        if (!json_is_string(id)) return refuse(err, param, "'tool_call_id' must be a string.%s", "");
+        if (strcmp(m->role, "tool")) return refuse(err, param, "Only tool messages carry a tool_call_id.%s", "");
+        m->tool_call_id = xstrdup(json_string_value(id));
+    }
+    snprintf(param, sizeof param, "messages[%zu].tool_calls", i);
+    if (!calls || json_is_null(calls)) return 0;
+    if (strcmp(m->role, "assistant")) return refuse(err, param, "Only assistant messages carry tool_calls.%s", "");
+    if (!json_is_array(calls)) return refuse(err, param, "'tool_calls' must be an array.%s", "");
+    size_t n = json_array_size(calls);
+    m->tool_calls = xcalloc(n ? n : 1, sizeof *m->tool_calls);
+    for (size_t k = 0; k < n; k++) {
+        json_t *c = json_array_get(calls, k), *fn = json_object_get(c, "function");
+        json_t *cid = json_object_get(c, "id"), *fname = json_object_get(fn, "name"), *args = json_object_get(fn, "arguments");
+        snprintf(param, sizeof param, "messages[%zu].tool_calls[%zu]", i, k);
+        if (!json_is_object(c) || !json_is_object(fn) || !json_is_string(fname))
+            return refuse(err, param, "A tool call needs function.name.%s", "");
+        srv_tool_call *tc = &m->tool_calls[m->n_tool_calls++];
+        tc->name = xstrdup(json_string_value(fname));
+        if (json_is_string(cid)) tc->id = xstrdup(json_string_value(cid));
+        if (json_is_string(args)) tc->arguments = xstrdup(json_string_value(args));
+        else if (args && !json_is_null(args)) tc->arguments = json_dumps(args, JSON_COMPACT | JSON_ENCODE_ANY);
+        else tc->arguments = xstrdup("{}");
+    }
+    return 0;
+}
+
+static const srv_tool *find_tool(const srv_request *r, const char *name) {
+    for (int i = 0; i < r->n_tools; i++)
+        if (!strcmp(r->tools[i].name, name)) return &r->tools[i];
+    return NULL;
+}
+
+int tools_check_request(const srv_request *r, srv_err *err) {
+    if ((r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED) && !r->n_tools)
+        return refuse(err, "tool_choice", "tool_choice '%s' needs 'tools'.",
+                      r->tool_choice == SRV_TOOLS_REQUIRED ? "required" : "function");
+    if (r->tool_choice == SRV_TOOLS_NAMED && !find_tool(r, r->tool_choice_name))
+        return refuse(err, "tool_choice", "tool_choice names '%s', which is not among the tools.", r->tool_choice_name);
+    if (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED)
+        for (int i = 0; i < r->n_tools; i++) {
+            if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(r->tools[i].name, r->tool_choice_name)) continue;
+            df_error de = {0};
+            if (r->tools[i].parameters && grammar_check_schema(r->tools[i].parameters, strlen(r->tools[i].parameters), &de)) {
+                char param[64];
+                snprintf(param, sizeof param, "tools[%d].function.parameters", i);
+                srv_err_set(err, 400, "invalid_request_error", "invalid_schema", param,
+                            "The arguments of '%s' cannot be generated under this schema: %s", r->tools[i].name, de.msg);
+                return -1;
+            }
+        }
+    return 0;
+}
+
+void tools_request_free(srv_request *r) {
+    for (int i = 0; i < r->n_msgs; i++) {
+        srv_message *m = &r->msgs[i];
+        for (int k = 0; k < m->n_tool_calls; k++) {
+            free(m->tool_calls[k].id);
+            free(m->tool_calls[k].name);
+            free(m->tool_calls[k].arguments);
+        }
+        free(m->tool_calls);
+        free(m->tool_call_id);
+        free(m->name);
+    }
+    for (int i = 0; i < r->n_tools; i++) {
+        free(r->tools[i].name);
+        free(r->tools[i].parameters);
+    }
+    free(r->tools);
+    free(r->tools_json);
+    free(r->tool_choice_name);
+    free(r->response_schema);
+}
+
+/* ---- prompt ---- */
+
+typedef struct chat_keep {
+    chat_message_tools *mt;
+    chat_tool_call *calls;
+} chat_keep;
+
+void tools_chat_opts(const srv_request *r, chat_opts *co, void **keep) {
+    chat_keep *k = xcalloc(1, sizeof *k);
+    *keep = k;
+    int total = 0;
+    for (int i = 0; i < r->n_msgs; i++) total += r->msgs[i].n_tool_calls;
+    k->mt = xcalloc((size_t)(r->n_msgs ? r->n_msgs : 1), sizeof *k->mt);
+    k->calls = xcalloc((size_t)(total ? total : 1), sizeof *k->calls);
+    chat_tool_call *c = k->calls;
+    for (int i = 0; i < r->n_msgs; i++) {
+        const srv_message *m = &r->msgs[i];
+        k->mt[i] = (chat_message_tools){.tool_calls = c, .n_tool_calls = m->n_tool_calls,
+                                        .tool_call_id = m->tool_call_id, .name = m->name};
+        for (int j = 0; j < m->n_tool_calls; j++)
+            *c++ = (chat_tool_call){m->tool_calls[j].id, m->tool_calls[j].name, m->tool_calls[j].arguments};
+    }
+    co->msg_tools = k->mt;
+    co->tools_json = r->tools_json;
+    co->tool_choice = r->tool_choice == SRV_TOOLS_NONE ? "none" : r->tool_choice != SRV_TOOLS_AUTO ? "required" : NULL;
+    co->response_format = r->response_format == SRV_FORMAT_JSON_OBJECT   ? "json_object"
+                          : r->response_format == SRV_FORMAT_JSON_SCHEMA ? "json_schema"
+                                                                         : NULL;
+    co->response_schema = r->response_schema;
+}
+
+void tools_chat_free(void *keep) {
+    chat_keep *k = keep;
+    if (!k) return;
+    free(k->mt);
+    free(k->calls);
+    free(k);
+}
+
+int tools_constrained(const srv_request *r) {
+    return r->response_format != SRV_FORMAT_TEXT || r->tool_choice == SRV_TOOLS_REQUIRED ||
+           r->tool_choice == SRV_TOOLS_NAMED;
+}
+
+/* ---- the grammar of a forced tool call ---- */
+
+static int args_node(grammar *g, const srv_tool *t, df_error *err) {
+    if (!t->parameters || !strcmp(t->parameters, "{}")) return grammar_add_json_any(g, 1);
+    return grammar_add_schema(g, t->parameters, strlen(t->parameters), err);
+}
+
+static int special(const srv *s, const char *name, df_error *err, int *missing) {
+    int32_t id = tokenizer_special_id(s->tok, name);
+    if (id < 0) {
+        df_error_set(err, DF_EUNSUPPORTED, "this model's tokenizer has no %s token for tool calls", name);
+        *missing = 1;
+    }
+    return id;
+}
+
+/* K2: <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS
+ * <|tool_call_end|>)+ <|tool_calls_section_end|> */
+static int k2_call_grammar(const srv *s, const srv_request *r, grammar *g, df_error *err) {
+    int miss = 0;
+    int32_t sb = special(s, "<|tool_calls_section_begin|>", err, &miss), se = special(s, "<|tool_calls_section_end|>", err, &miss),
+            cb = special(s, "<|tool_call_begin|>", err, &miss), ab = special(s, "<|tool_call_argument_begin|>", err, &miss),
+            ce = special(s, "<|tool_call_end|>", err, &miss);
+    if (miss) return -1;
+    const char *lits[MAX_TOOLS];
+    int kids[MAX_TOOLS], n = 0;
+    char *names[MAX_TOOLS];
+    for (int i = 0; i < r->n_tools; i++) {
+        if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(r->tools[i].name, r->tool_choice_name)) continue;
+        int a = args_node(g, &r->tools[i], err);
+        if (a < 0) {
+            for (int k = 0; k < n; k++) free(names[k]);
+            return -1;
+        }
+        int tail[] = {grammar_add_int(g, 0, 999), grammar_add_token(g, ab), a, grammar_add_token(g, ce)};
+        names[n] = xmalloc(strlen(r->tools[i].name) + 2);
+        sprintf(names[n], "%s:", r->tools[i].name);
+        lits[n] = names[n];
+        kids[n++] = grammar_add_seq(g, tail, 4);
+    }
+    int call[] = {grammar_add_token(g, cb), grammar_add_text(g, "functions."), grammar_add_select(g, lits, kids, n)};
+    for (int k = 0; k < n; k++) free(names[k]);
+    int max = r->parallel_tool_calls >= 0 && r->tool_choice != SRV_TOOLS_NAMED ? MAX_PARALLEL_CALLS : 1;
+    int root[] = {grammar_add_token(g, sb), grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
+                  grammar_add_token(g, se)};
+    return grammar_add_seq(g, root, 3);
+}
+
+/* K3 (the prompt opened the response): close it, then
+ * <|open|>tools<|sep|> (<|open|>call tool="NAME" index="N"<|sep|><|open|>json type="object"<|sep|>ARGS
+ * <|close|>json<|sep|><|close|>call<|sep|>)+ <|close|>tools<|sep|><|close|>message<|sep|> */
+static int k3_call_grammar(const srv *s, const srv_request *r, grammar *g, df_error *err) {
+    int miss = 0;
+    int32_t op = special(s, "<|open|>", err, &miss), cl = special(s, "<|close|>", err, &miss),
+            sp = special(s, "<|sep|>", err, &miss);
+    if (miss) return -1;
+    const char *lits[MAX_TOOLS];
+    int kids[MAX_TOOLS], n = 0;
+    char *names[MAX_TOOLS];
+    for (int i = 0; i < r->n_tools; i++) {
+        if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(r->tools[i].name, r->tool_choice_name)) continue;
+        int a = args_node(g, &r->tools[i], err);
+        if (a < 0) {
+            for (int k = 0; k < n; k++) free(names[k]);
+            return -1;
+        }
+        int tail[] = {grammar_add_int(g, 1, 999), grammar_add_text(g, "\""), grammar_add_token(g, sp),
+                      grammar_add_token(g, op), grammar_add_text(g, "json type=\"object\""), grammar_add_token(g, sp), a,
+                      grammar_add_token(g, cl), grammar_add_text(g, "json"), grammar_add_token(g, sp),
+                      grammar_add_token(g, cl), grammar_add_text(g, "call"), grammar_add_token(g, sp)};
+        names[n] = xmalloc(strlen(r->tools[i].name) + 16);
+        sprintf(names[n], "%s\" index=\"", r->tools[i].name);   /* names are [A-Za-z0-9_-]: nothing to escape */
+        lits[n] = names[n];
+        kids[n++] = grammar_add_seq(g, tail, (int)(sizeof tail / sizeof *tail));
+    }
+    int call[] = {grammar_add_token(g, op), grammar_add_text(g, "call tool=\""), grammar_add_select(g, lits, kids, n)};
+    for (int k = 0; k < n; k++) free(names[k]);
+    int max = r->parallel_tool_calls >= 0 && r->tool_choice != SRV_TOOLS_NAMED ? MAX_PARALLEL_CALLS : 1;
+    int root[] = {grammar_add_token(g, cl), grammar_add_text(g, "response"), grammar_add_token(g, sp),
+                  grammar_add_token(g, op), grammar_add_text(g, "tools"), grammar_add_token(g, sp),
+                  grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
+                  grammar_add_token(g, cl), grammar_add_text(g, "tools"), grammar_add_token(g, sp),
+                  grammar_add_token(g, cl), grammar_add_text(g, "message"), grammar_add_token(g, sp)};
+    return grammar_add_seq(g, root, (int)(sizeof root / sizeof *root));
+}
+
+int tools_prepare(srv *s, srv_job *j, srv_err *err) {
+    const srv_request *r = &j->req;
+    if (r->ep != SRV_EP_CHAT) return 0;
+    tools_job *t = xcalloc(1, sizeof *t);
+    j->tools = t;
+    if (r->n_tools) t->parser = chat_tool_parser_new(s->tok, s->fmt);
+    if (r->n_tools && r->tool_choice == SRV_TOOLS_NONE && s->fmt == CHAT_K2) {
+        int32_t a = tokenizer_special_id(s->tok, "<|tool_calls_section_begin|>"),
+                b = tokenizer_special_id(s->tok, "<|tool_call_begin|>");
+        if (a >= 0) t->ban[t->n_ban++] = a;
+        if (b >= 0) t->ban[t->n_ban++] = b;
+    }
+    if (!tools_constrained(r)) return 0;
+    df_error de = {0};
+    t->g = grammar_new();
+    int root;
+    if (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED)
+        root = s->fmt == CHAT_K3 ? k3_call_grammar(s, r, t->g, &de) : k2_call_grammar(s, r, t->g, &de);
+    else if (r->response_format == SRV_FORMAT_JSON_SCHEMA)
+        root = grammar_add_schema(t->g, r->response_schema, strlen(r->response_schema), &de);
+    else
+        root = grammar_add_json_any(t->g, 1);
+    if (root < 0 || grammar_finish(t->g, root, &de)) {
+        srv_err_set(err, 400, "invalid_request_error", "unsupported_constraint",
+                    r->response_format != SRV_FORMAT_TEXT && r->tool_choice == SRV_TOOLS_AUTO ? "response_format" : "tools",
+                    "%s", de.msg);
+        return -1;
+    }
+    return 0;
+}
+
+static int tools_mask(void *ctx, float *logits, int n_vocab, int budget) {
+    tools_job *t = ctx;
+    int n = t->has_mask ? grammar_mask_apply(&t->mask, logits, n_vocab, budget) : n_vocab;
+    for (int i = 0; i < t->n_ban; i++)
+        if (t->ban[i] < n_vocab) logits[t->ban[i]] = -INFINITY;
+    return n;
+}
+
+static int tools_mask_accept(void *ctx, int32_t id) {
+    tools_job *t = ctx;
+    return t->has_mask ? grammar_mask_accept(&t->mask, id) : 0;
+}
+
+void tools_gen_config(srv *s, srv_job *j, gen_config *cfg) {
+    tools_job *t = j->tools;
+    if (!t) return;
+    if (t->g) {
+        if (!s->gvocab) s->gvocab = grammar_vocab_new(s->tok);
+        grammar_mask_init(&t->mask, t->g, s->gvocab, s->info->eos_id);
+        t->has_mask = 1;
+    }
+    if (t->g || t->n_ban) {
+        cfg->mask = tools_mask;
+        cfg->mask_accept = tools_mask_accept;
+        cfg->mask_ctx = t;
+    }
+    cfg->tools = t->parser;
+}
+
+void tools_job_free(srv_job *j) {
+    tools_job *t = j->tools;
+    if (!t) return;
+    if (t->has_mask) grammar_mask_free(&t->mask);
+    grammar_free(t->g);
+    chat_tool_parser_free(t->parser);
+    free(t->sent_head);
+    free(t->sent_args);
+    free(t);
+    j->tools = NULL;
+}
+
+/* ---- responses ---- */
+
+/* Valid UTF-8 prefix length of p[0..n), stopping before an incomplete or invalid sequence. */
+static size_t utf8_prefix(const char *p, size_t n) {
+    size_t i = 0;
+    while (i < n) {
+        int k = utf8_valid_len((const uint8_t *)p + i, n - i);
+        if (k <= 0) break;
+        i += (size_t)k;
+    }
+    return i;
+}
+
+static json_t *lossy(const char *p, size_t n) {
+    json_t *s = json_stringn(p, n);
+    if (s) return s;
+    text_buf b = {0};
+    text_buf_puts(&b, "");
+    for (size_t i = 0; i < n;) {
+        int k = utf8_valid_len((const uint8_t *)p + i, n - i);
+        if (k > 0) text_buf_append(&b, p + i, (size_t)k), i += (size_t)k;
+        else text_buf_puts(&b, "\xEF\xBF\xBD"), i++;
+    }
+    s = json_stringn(b.p, b.len);
+    text_buf_free(&b);
+    return s;
+}
+
+void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
+    tools_job *t = j->tools;
+    if (!t || !t->parser) return;
+    int n = chat_tool_parser_count(t->parser);
+    if (n > t->n_sent) {
+        t->sent_head = xrealloc(t->sent_head, (size_t)n * sizeof *t->sent_head);
+        t->sent_args = xrealloc(t->sent_args, (size_t)n * sizeof *t->sent_args);
+        for (int i = t->n_sent; i < n; i++) t->sent_head[i] = 0, t->sent_args[i] = 0;
+        t->n_sent = n;
+    }
+    json_t *deltas = json_array();
+    for (int i = 0; i < n; i++) {
+        const chat_call *c = chat_tool_parser_call(t->parser, i);
+        if (!c->id) continue;
+        json_t *d = json_pack("{s:i}", "index", i), *fn = json_object();
+        if (!t->sent_head[i]) {
+            json_object_set_new(d, "id", json_string(c->id));
+            json_object_set_new(d, "type", json_string("function"));
+            json_object_set_new(fn, "name", lossy(c->name, strlen(c->name)));
+            t->sent_head[i] = 1;
+        }
+        size_t avail = c->args_len - t->sent_args[i];
+        size_t take = final ? avail : utf8_prefix(c->args + t->sent_args[i], avail);
+        if (take || json_object_get(fn, "name")) json_object_set_new(fn, "arguments", lossy(c->args + t->sent_args[i], take));
+        t->sent_args[i] += take;
+        if (json_object_size(fn)) {
+            json_object_set_new(d, "function", fn);
+            json_array_append_new(deltas, d);
+        } else {
+            json_decref(fn);
+            json_decref(d);
+        }
+    }
+    if (json_array_size(deltas)) {
+        json_t *o = json_pack("{s:s,s:s,s:I,s:s}", "id", j->id, "object", "chat.completion.chunk", "created",
+                              (json_int_t)j->created, "model", s->model_id);
+        json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:o},s:n,s:n}]", "index", 0, "delta", "tool_calls",
+                                                     deltas, "logprobs", "finish_reason"));
+        char *txt = json_dumps(o, JSON_COMPACT);
+        text_buf_printf(out, "data: %s\n\n", txt);
+        free(txt);
+        json_decref(o);
+    } else {
+        json_decref(deltas);
+    }
+}
+
+const char *tools_finish_reason(const srv_job *j, const char *dflt) {
+    const tools_job *t = j->tools;
+    if (!t || !t->parser || !chat_tool_parser_count(t->parser) || strcmp(dflt, "stop")) return dflt;
+    return "tool_calls";
+}
+
+void tools_final_message(const srv_job *j, json_t *msg) {
+    const tools_job *t = j->tools;
+    if (!t || !t->parser || !chat_tool_parser_count(t->parser)) return;
+    json_t *calls = json_array();
+    for (int i = 0; i < chat_tool_parser_count(t->parser); i++) {
+        const chat_call *c = chat_tool_parser_call(t->parser, i);
+        if (!c->id) continue;
+        json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", c->id, "type", "function", "function",
+                                               "name", lossy(c->name, strlen(c->name)), "arguments",
+                                               lossy(c->args, c->args_len)));
+    }
+    json_object_set_new(msg, "tool_calls", calls);
+    if (!j->content.len) json_object_set_new(msg, "content", json_null());
+}
