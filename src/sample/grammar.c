@@ -1,6 +1,6 @@
-/* grammar.c — the JSON-schema pushdown machine and its logits mask (grammar.h). Nodes form a graph (cycles
- * through $ref and "any JSON value"); a state is a stack of frames over it. Alternatives are chosen by their
- * first symbol only, which keeps the machine deterministic: one state, no backtracking. */
+/* grammar.c — the JSON-schema pushdown machine of grammar.h (the logits mask is grammar_mask.c). Nodes form
+ * a graph (cycles through $ref and "any JSON value"); a state is a stack of frames over it. Alternatives are
+ * chosen by their first symbol only, which keeps the machine deterministic: one state, no backtracking. */
 #include "grammar.h"
 
 #include <jansson.h>
@@ -393,7 +393,7 @@ static int compile(grammar *g, const json_t *s, const char *path, df_error *err)
             g->memo = xrealloc(g->memo, (size_t)g->cap_memo * sizeof *g->memo);
         }
         g->memo[g->n_memo++] = (memo){s, id};
-        int kid = compile(g, t, ref ? json_string_value(ref) : path, err);
+        int kid = compile(g, t, json_string_value(ref), err);
         if (kid < 0) return -1;
         node_add_kid(g, id, kid);
         g->depth--;
@@ -710,8 +710,9 @@ static void mag_bounds(const gnode *nd, int neg, long double *L, long double *H)
     if (!neg) {
         *L = nd->lo > 0 ? nd->lo : 0;
         *H = nd->hi;
-    } else {
-        *L = -nd->hi > 0 ? -nd->hi : 0;
+    } else {   /* never "-0": a negative number is at least one unit of the last digit below zero */
+        long double unit = nd->kind == GN_INT ? 1.0L : 1.0L / (long double)POW10[MAX_FRAC];
+        *L = -nd->hi > unit ? -nd->hi : unit;
         *H = -nd->lo;
     }
 }
@@ -1239,160 +1240,13 @@ uint32_t grammar_cost(const grammar *g, const grammar_state *s) {
     return c;
 }
 
-/* ---- the vocabulary and the mask ---- */
-
-struct grammar_vocab {
-    const tokenizer *t;
-    int32_t n_vocab;
-    int32_t *sorted;     /* non-special tokens by their bytes */
-    uint16_t *lcp;       /* common prefix with the previous sorted token */
-    int n_sorted;
-    int32_t *specials;
-    int n_specials;
-    uint32_t max_len;
-};
-
-static int tok_cmp(const tokenizer *t, int32_t a, int32_t b) {
-    size_t la, lb;
-    const uint8_t *pa = tokenizer_token_bytes(t, a, &la), *pb = tokenizer_token_bytes(t, b, &lb);
-    size_t m = la < lb ? la : lb;
-    int c = memcmp(pa, pb, m);
-    if (c) return c;
-    return la < lb ? -1 : la > lb ? 1 : (a > b) - (a < b);
+int grammar_plain_string(const grammar *g, const grammar_state *s, int *len, int *min, int *max) {
+    if (!s->depth) return 0;
+    const grammar_frame *f = &s->f[s->depth - 1];
+    const gnode *nd = &g->nodes[f->node];
+    if (nd->kind != GN_STRING || f->st != S_IN) return 0;
+    *len = f->n;
+    *min = nd->min;
+    *max = nd->max;
+    return 1;
 }
-
-/* merge sort with the tokenizer passed down, so no global state is needed */
-static void tok_sort(const tokenizer *t, int32_t *v, int32_t *tmp, int n) {
-    if (n < 2) return;
-    int h = n / 2;
-    tok_sort(t, v, tmp, h);
-    tok_sort(t, v + h, tmp, n - h);
-    int i = 0, j = h, k = 0;
-    while (i < h && j < n) tmp[k++] = tok_cmp(t, v[i], v[j]) <= 0 ? v[i++] : v[j++];
-    while (i < h) tmp[k++] = v[i++];
-    while (j < n) tmp[k++] = v[j++];
-    memcpy(v, tmp, (size_t)n * sizeof *v);
-}
-
-grammar_vocab *grammar_vocab_new(const tokenizer *t) {
-    grammar_vocab *v = xcalloc(1, sizeof *v);
-    v->t = t;
-    v->n_vocab = tokenizer_n_vocab(t);
-    v->sorted = xmalloc((size_t)v->n_vocab * sizeof *v->sorted);
-    v->specials = xmalloc((size_t)v->n_vocab * sizeof *v->specials);
-    for (int32_t id = 0; id < v->n_vocab; id++) {
-        size_t n;
-        if (!tokenizer_token_bytes(t, id, &n) || n == 0) continue;
-        if (tokenizer_is_special(t, id)) v->specials[v->n_specials++] = id;
-        else {
-            v->sorted[v->n_sorted++] = id;
-            if (n > v->max_len) v->max_len = (uint32_t)n;
-        }
-    }
-    int32_t *tmp = xmalloc((size_t)(v->n_sorted ? v->n_sorted : 1) * sizeof *tmp);
-    tok_sort(t, v->sorted, tmp, v->n_sorted);
-    free(tmp);
-    v->lcp = xcalloc((size_t)(v->n_sorted ? v->n_sorted : 1), sizeof *v->lcp);
-    for (int i = 1; i < v->n_sorted; i++) {
-        size_t la, lb, k = 0;
-        const uint8_t *a = tokenizer_token_bytes(t, v->sorted[i - 1], &la), *b = tokenizer_token_bytes(t, v->sorted[i], &lb);
-        while (k < la && k < lb && a[k] == b[k] && k < 65535) k++;
-        v->lcp[i] = (uint16_t)k;
-    }
-    return v;
-}
-
-void grammar_vocab_free(grammar_vocab *v) {
-    if (!v) return;
-    free(v->sorted);
-    free(v->lcp);
-    free(v->specials);
-    free(v);
-}
-
-void grammar_mask_init(grammar_mask *m, const grammar *g, const grammar_vocab *v, int32_t eos_id) {
-    memset(m, 0, sizeof *m);
-    m->g = g;
-    m->v = v;
-    m->eos_id = eos_id;
-    grammar_state_init(g, &m->st);
-    m->scratch = xmalloc(((size_t)v->max_len + 1) * sizeof *m->scratch);
-    m->allow = xcalloc((size_t)(v->n_vocab > 0 ? v->n_vocab : 1), 1);
-}
-
-void grammar_mask_free(grammar_mask *m) {
-    free(m->scratch);
-    free(m->allow);
-    memset(m, 0, sizeof *m);
-}
-
-int grammar_mask_apply(grammar_mask *m, float *logits, int n_vocab, int budget) {
-    double t0 = df_now();
-    const grammar *g = m->g;
-    const grammar_vocab *v = m->v;
-    int n_allowed = 0;
-    memset(m->allow, 0, (size_t)v->n_vocab);
-    /* a token is allowed when the document can still be completed (and ended) in the tokens left after it */
-    int32_t room = (int32_t)budget - 1 - (m->eos_id >= 0);
-    /* when even the shortest completion no longer fits, the budget cannot be kept: generation will stop at
-     * max_tokens with a partial document, so any token the grammar accepts is allowed */
-    if (room >= 0 && grammar_cost(g, &m->st) > (uint32_t)room + 1) room = INT32_MAX;
-    if (!m->st.done) {
-        grammar_state *sc = m->scratch;
-        grammar_state_copy(&sc[0], &m->st);
-        int valid = 0;   /* sc[0..valid] hold the states after the previous token's first bytes */
-        for (int idx = 0; idx < v->n_sorted; idx++) {
-            int32_t id = v->sorted[idx];
-            size_t len;
-            const uint8_t *p = tokenizer_token_bytes(v->t, id, &len);
-            int k = v->lcp[idx] < valid ? v->lcp[idx] : valid;
-            int ok = 1;
-            for (; k < (int)len; k++) {
-                grammar_state_copy(&sc[k + 1], &sc[k]);
-                m->n_checked++;
-                if (feed_symbol(g, &sc[k + 1], p[k])) {
-                    ok = 0;
-                    break;
-                }
-            }
-            valid = k;
-            if (!ok) {   /* every following token with this failing prefix fails too */
-                while (idx + 1 < v->n_sorted && v->lcp[idx + 1] > k) idx++;
-                continue;
-            }
-            if (room < 0 || grammar_cost(g, &sc[len]) > (uint32_t)room) continue;
-            m->allow[id] = 1;
-            n_allowed++;
-        }
-        for (int i = 0; i < v->n_specials; i++) {
-            int32_t id = v->specials[i];
-            if (id == m->eos_id) continue;
-            grammar_state t;
-            grammar_state_copy(&t, &m->st);
-            if (grammar_feed_token(g, &t, id) || room < 0 || grammar_cost(g, &t) > (uint32_t)room) continue;
-            m->allow[id] = 1;
-            n_allowed++;
-        }
-    }
-    if (m->eos_id >= 0 && m->eos_id < v->n_vocab && budget >= 1 && grammar_accepting(g, &m->st)) {
-        m->allow[m->eos_id] = 1;
-        n_allowed++;
-    }
-    int lim = n_vocab < v->n_vocab ? n_vocab : v->n_vocab;
-    for (int i = 0; i < lim; i++)
-        if (!m->allow[i]) logits[i] = -INFINITY;
-    for (int i = lim; i < n_vocab; i++) logits[i] = -INFINITY;
-    m->n_steps++;
-    m->seconds += df_now() - t0;
-    return n_allowed;
-}
-
-int grammar_mask_accept(grammar_mask *m, int32_t id) {
-    if (id == m->eos_id) return grammar_accepting(m->g, &m->st) ? 0 : -1;
-    if (tokenizer_is_special(m->v->t, id)) return grammar_feed_token(m->g, &m->st, id);
-    size_t n;
-    const uint8_t *p = tokenizer_token_bytes(m->v->t, id, &n);
-    return p ? grammar_feed(m->g, &m->st, p, n) : -1;
-}
-
-int grammar_mask_done(const grammar_mask *m) { return grammar_accepting(m->g, &m->st); }

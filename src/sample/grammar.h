@@ -82,7 +82,11 @@ int grammar_accepting(const grammar *g, const grammar_state *s);
 /* Fewest bytes (a special token counts 1) that complete the document from s. */
 uint32_t grammar_cost(const grammar *g, const grammar_state *s);
 
-/* ---- the logits mask over one tokenizer's vocabulary ---- */
+/* The top frame is a plain string with no escape or character pending: *len characters so far, it needs at
+ * least *min and allows at most *max (-1: any). A token of plain text there only adds characters. */
+int grammar_plain_string(const grammar *g, const grammar_state *s, int *len, int *min, int *max);
+
+/* ---- the logits mask over one tokenizer's vocabulary (grammar_mask.c) ---- */
 typedef struct grammar_vocab grammar_vocab;
 /* Precomputes the vocabulary (non-special tokens sorted by bytes, shared-prefix lengths, specials). */
 grammar_vocab *grammar_vocab_new(const tokenizer *t);

@@ -9,7 +9,9 @@
 #include "server/request.h"
 #include "server/srv_internal.h"
 
-/* ---- request (pure: no model) ---- */
+#define SRV_MAX_TOOLS 64
+
+/* ---- request (tools_request.c; pure: no model) ---- */
 /* A top-level chat field: 1 = handled, 0 = not one of ours, -1 = refused (err filled). */
 int tools_parse_field(srv_request *r, const char *key, json_t *v, srv_err *err);
 /* The tool parts of message i (tool_calls, tool_call_id, name) once its role is known; -1 = refused. */

@@ -77,10 +77,10 @@ check(Array.isArray(lc) && lc.length === cl.usage.completion_tokens && lc.every(
 
 // errors through the SDK
 try {
-  await client.chat.completions.create({ model, messages: msgs, tools: [{ type: 'function', function: { name: 'f' } }] });
+  await client.chat.completions.create({ model, messages: msgs, functions: [{ name: 'f' }] });
   check(false, 'unknown field is refused');
 } catch (e) {
-  check(e.status === 400 && e.param === 'tools', 'unknown field is refused with 400 naming it');
+  check(e.status === 400 && e.param === 'functions', 'unknown field is refused with 400 naming it');
 }
 try {
   await client.chat.completions.create({ model: 'gpt-4o', messages: msgs });

@@ -1,17 +1,14 @@
-// tools.test.mjs — tool calls and JSON-constrained output with the official `openai` package: required,
-// named and parallel tool calls (plain and streamed), tool_choice none, a conversation carrying tool calls and
-// results, response_format json_object and json_schema. Every argument string and every JSON answer is parsed
-// and validated with ajv (+ ajv-formats); the bundled model knows no chat, so only the grammar can make these
-// pass.
+// tools.test.mjs — tool calls with the official `openai` package: required, named and parallel tool calls
+// (plain and streamed), tool_choice none, a conversation carrying tool calls and results. Every argument
+// string is parsed and validated with ajv; the bundled model knows no chat, so only the grammar (which
+// generates forced calls) can make these pass. JSON answers are in json_schema.test.mjs.
 import OpenAI from 'openai';
 import Ajv from 'ajv';
-import addFormats from 'ajv-formats';
 import { BASE, KEY, check, done, post } from './common.mjs';
 
 const client = new OpenAI({ baseURL: BASE + '/v1', apiKey: KEY || 'unused', maxRetries: 0, timeout: 120000 });
 const model = (await client.models.list()).data[0].id;
 const ajv = new Ajv({ allErrors: true, strict: false });
-addFormats(ajv);
 const valid = (schema, value) => {
   const ok = ajv.validate(schema, value);
   if (!ok) console.log('# ajv: ' + ajv.errorsText() + ' in ' + JSON.stringify(value));
@@ -19,25 +16,23 @@ const valid = (schema, value) => {
 };
 const parse = (s) => { try { return JSON.parse(s); } catch { return undefined; } };
 
+// small schemas: the bundled model has a 512-token context and the tools are part of the prompt
 const weather = {
   type: 'object',
-  properties: {
-    city: { type: 'string', minLength: 1, maxLength: 24 },
-    unit: { enum: ['celsius', 'fahrenheit'] },
-    days: { type: 'integer', minimum: 1, maximum: 7 },
-  },
+  properties: { city: { type: 'string', minLength: 1, maxLength: 16 }, unit: { enum: ['c', 'f'] },
+    days: { type: 'integer', minimum: 1, maximum: 7 } },
   required: ['city', 'unit'],
   additionalProperties: false,
 };
 const search = {
   type: 'object',
-  properties: { query: { type: 'string', maxLength: 30 }, limit: { type: 'integer', minimum: 1, maximum: 10 } },
-  required: ['query', 'limit'],
+  properties: { q: { type: 'string', maxLength: 16 }, n: { type: 'integer', minimum: 1, maximum: 9 } },
+  required: ['q', 'n'],
   additionalProperties: false,
 };
 const tools = [
-  { type: 'function', function: { name: 'get_weather', description: 'Weather for a city', parameters: weather } },
-  { type: 'function', function: { name: 'search', description: 'Search', parameters: search } },
+  { type: 'function', function: { name: 'get_weather', parameters: weather } },
+  { type: 'function', function: { name: 'search', parameters: search } },
 ];
 const schemaOf = { get_weather: weather, search };
 const messages = [{ role: 'user', content: 'What is the weather in Paris?' }];
@@ -50,9 +45,9 @@ function callsValid(calls, allowed) {
 
 // required: several seeds at temperature 1, each answer a valid call
 let okRequired = 0;
-const seeds = [1, 2, 3, 4];
+const seeds = [1, 2];
 for (const seed of seeds) {
-  const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 160,
+  const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
     temperature: 1, seed });
   const ch = r.choices[0];
   if (ch.finish_reason === 'tool_calls' && ch.message.content === null &&
@@ -63,23 +58,23 @@ check(okRequired === seeds.length, `tool_choice required: ${okRequired}/${seeds.
 
 // named: the chosen function, one call
 let okNamed = 0;
-for (const seed of [5, 6]) {
-  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 160, temperature: 1, seed,
+for (const seed of [5]) {
+  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 80, temperature: 1, seed,
     tool_choice: { type: 'function', function: { name: 'search' } } });
   const calls = r.choices[0].message.tool_calls;
   if (callsValid(calls, ['search']) && calls.length === 1) okNamed++;
 }
-check(okNamed === 2, 'tool_choice naming a function: one call of that function with valid arguments');
+check(okNamed === 1, 'tool_choice naming a function: one call of that function with valid arguments');
 
 const single = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required',
-  parallel_tool_calls: false, max_tokens: 160, temperature: 1, seed: 9 });
+  parallel_tool_calls: false, max_tokens: 80, temperature: 1, seed: 9 });
 check(single.choices[0].message.tool_calls?.length === 1 && callsValid(single.choices[0].message.tool_calls,
   ['get_weather', 'search']), 'parallel_tool_calls false: exactly one call');
 
 // streaming: deltas accumulate into the same calls as the non-streamed answer
-const plain = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 160,
+const plain = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
   temperature: 0 });
-const stream = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 160,
+const stream = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
   temperature: 0, stream: true });
 const acc = [];
 let finish = null, firstHasHead = true, sawDelta = 0;
@@ -102,7 +97,7 @@ check(JSON.stringify(acc) === JSON.stringify(plain.choices[0].message.tool_calls
   'streamed tool calls equal the non-streamed ones');
 
 // the openai helper's own accumulation of a streamed call
-const runner = client.beta.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 160,
+const runner = client.beta.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
   temperature: 0 });
 const fc = await runner.finalChatCompletion();
 check(JSON.stringify(fc.choices[0].message.tool_calls?.map((c) => [c.id, c.function.name, c.function.arguments])) ===
@@ -120,68 +115,14 @@ check(withTools.usage.prompt_tokens > without.usage.prompt_tokens + 40 && typeof
 
 // tool_choice none: no call comes back
 let noCall = 0;
-for (const seed of [11, 12, 13]) {
+for (const seed of [11, 12]) {
   const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'none', max_tokens: 24,
     temperature: 1, seed });
   if (!r.choices[0].message.tool_calls && r.choices[0].finish_reason !== 'tool_calls') noCall++;
 }
-check(noCall === 3, 'tool_choice none: plain answers');
-
-// response_format json_schema: nested objects, arrays with bounds, enums, numbers, formats
-const schemas = [
-  { type: 'object', properties: { name: { type: 'string', maxLength: 20 }, age: { type: 'integer', minimum: 0, maximum: 120 },
-    tags: { type: 'array', items: { type: 'string', maxLength: 8 }, minItems: 1, maxItems: 3 } },
-  required: ['name', 'age', 'tags'], additionalProperties: false },
-  { type: 'object', properties: { when: { type: 'string', format: 'date' }, at: { type: 'string', format: 'date-time' },
-    id: { type: 'string', format: 'uuid' }, mail: { type: 'string', format: 'email' } },
-  required: ['when', 'at', 'id', 'mail'], additionalProperties: false },
-  { type: 'object', properties: { point: { type: 'object', properties: { x: { type: 'number', minimum: -1.5, maximum: 1.5 },
-    y: { type: 'number', exclusiveMinimum: 0, maximum: 10 } }, required: ['x', 'y'], additionalProperties: false },
-  kind: { enum: ['a', 'b', 3, null] }, ok: { type: 'boolean' }, note: { type: ['string', 'null'], maxLength: 5 } },
-  required: ['point', 'kind', 'ok', 'note'], additionalProperties: false },
-  { type: 'array', items: { type: 'object', properties: { v: { type: 'integer', minimum: -5, maximum: 5 } },
-    required: ['v'], additionalProperties: false }, minItems: 2, maxItems: 4 },
-];
-let okSchema = 0, nSchema = 0;
-for (const [i, schema] of schemas.entries()) {
-  for (const seed of [21, 22]) {
-    nSchema++;
-    const r = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'Answer in JSON.' }],
-      max_tokens: 200, temperature: 1, seed,
-      response_format: { type: 'json_schema', json_schema: { name: 's' + i, schema, strict: true } } });
-    const v = parse(r.choices[0].message.content);
-    if (r.choices[0].finish_reason === 'stop' && v !== undefined && valid(schema, v)) okSchema++;
-    else console.log('# json_schema: ' + JSON.stringify(r.choices[0]));
-  }
-}
-check(okSchema === nSchema, `json_schema: ${okSchema}/${nSchema} answers parse and validate`);
-
-// a budget just big enough still ends with a complete document
-const tight = { type: 'object', properties: { a: { type: 'string' }, b: { type: 'array', items: { type: 'integer' } } },
-  required: ['a', 'b'], additionalProperties: false };
-const rt = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'JSON please' }],
-  max_tokens: 16, temperature: 1, seed: 3, response_format: { type: 'json_schema', json_schema: { name: 't', schema: tight } } });
-check(rt.choices[0].finish_reason === 'stop' && valid(tight, parse(rt.choices[0].message.content)),
-  `json_schema with max_tokens 16: still a complete valid document (${rt.choices[0].message.content})`);
-
-const jo = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'JSON please' }],
-  max_tokens: 80, temperature: 1, seed: 4, response_format: { type: 'json_object' } });
-const jv = parse(jo.choices[0].message.content);
-check(jo.choices[0].finish_reason === 'stop' && jv !== null && typeof jv === 'object' && !Array.isArray(jv),
-  'json_object: a JSON object');
-
-// streamed json_schema: the concatenated deltas validate
-const js = await client.chat.completions.create({ model, messages: [{ role: 'user', content: 'JSON' }], max_tokens: 200,
-  temperature: 1, seed: 8, stream: true, response_format: { type: 'json_schema', json_schema: { name: 'x', schema: schemas[0] } } });
-let jtext = '';
-for await (const ch of js) jtext += ch.choices[0]?.delta?.content ?? '';
-check(valid(schemas[0], parse(jtext)), 'streamed json_schema output validates');
+check(noCall === 2, 'tool_choice none: plain answers');
 
 // refusals name the field
-const bad = await post('/v1/chat/completions', JSON.stringify({ model, messages,
-  response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a+' } } } }));
-check(bad.status === 400 && bad.json?.error?.param === 'response_format.json_schema.schema' &&
-  /pattern/.test(bad.json.error.message), 'unsupported schema keyword: 400 naming response_format.json_schema.schema');
 const badChoice = await post('/v1/chat/completions', JSON.stringify({ model, messages, tools,
   tool_choice: { type: 'function', function: { name: 'nope' } } }));
 check(badChoice.status === 400 && badChoice.json?.error?.param === 'tool_choice', 'unknown named tool: 400 tool_choice');

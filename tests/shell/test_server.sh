@@ -73,7 +73,7 @@ asan_url=$url asan_pid=$pid
 start ./deltafin "$tmp/q1.log" --api-key "$key" --queue 1
 q1_url=$url q1_pid=$pid
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web tools; do
+for t in openai errors web tools json_schema; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"

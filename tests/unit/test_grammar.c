@@ -67,6 +67,9 @@ static void test_accept_reject(void) {
     expect_doc(arr, "[-1.51,1]", -1);
     expect_doc(arr, "[1e3,1]", -1);
     expect_doc(arr, "[1.,1]", -1);
+    expect_doc(arr, "[-0.5,0]", 1);
+    expect_doc("{\"type\":\"integer\",\"minimum\":-5}", "-0", -1);   /* never generated: "0" is the zero */
+    expect_doc("{\"type\":\"integer\",\"minimum\":-5}", "-5", 1);
     const char *en = "{\"enum\":[\"red\",\"green\",1,10,null]}";
     expect_doc(en, "\"red\"", 1);
     expect_doc(en, "\"gre\"", -1);
@@ -268,8 +271,8 @@ static json_t *random_schema(int depth) {
 }
 
 /* Generates under the mask with random logits; returns the text, *complete = ended by eos. */
-static char *generate(const grammar *g, const grammar_vocab *v, const tokenizer *t, int32_t eos, int max_tokens,
-                      int *complete, int *stuck) {
+static char *generate_timed(const grammar *g, const grammar_vocab *v, const tokenizer *t, int32_t eos, int max_tokens,
+                            int *complete, int *stuck, double *mask_s, int *steps) {
     int nv = tokenizer_n_vocab(t);
     float *logits = xmalloc((size_t)nv * sizeof *logits);
     grammar_mask m;
@@ -301,9 +304,78 @@ static char *generate(const grammar *g, const grammar_vocab *v, const tokenizer 
         len += n;
         out[len] = 0;
     }
+    if (mask_s && m.n_steps)
+        printf("# grammar mask: %.0f token bytes run through the machine per step (the rest pruned by shared "
+               "prefixes or judged by length)\n", (double)m.n_checked / (double)m.n_steps);
+    if (mask_s) *mask_s = m.seconds;
+    if (steps) *steps = (int)m.n_steps;
     grammar_mask_free(&m);
     free(logits);
     return out;
+}
+
+static char *generate(const grammar *g, const grammar_vocab *v, const tokenizer *t, int32_t eos, int max_tokens,
+                      int *complete, int *stuck) {
+    return generate_timed(g, v, t, eos, max_tokens, complete, stuck, NULL, NULL);
+}
+
+/* The mask (prefix walk, plain-text shortcut inside strings, budget rule) against a token-by-token check. */
+static int mask_matches_reference(const grammar_mask *m, const tokenizer *t, int budget, int *n_allowed) {
+    int32_t room = budget - 2;   /* this token and the end token */
+    if (room >= 0 && grammar_cost(m->g, &m->st) > (uint32_t)room + 1) room = INT32_MAX;
+    *n_allowed = 0;
+    for (int32_t id = 0; id < tokenizer_n_vocab(t); id++) {
+        size_t n;
+        const uint8_t *b = tokenizer_token_bytes(t, id, &n);
+        int want = 0;
+        if (id == m->eos_id) {
+            want = grammar_accepting(m->g, &m->st);
+        } else if (b && n && !m->st.done) {
+            grammar_state s2;
+            grammar_state_copy(&s2, &m->st);
+            int rc = tokenizer_is_special(t, id) ? grammar_feed_token(m->g, &s2, id) : grammar_feed(m->g, &s2, b, n);
+            want = !rc && room >= 0 && grammar_cost(m->g, &s2) <= (uint32_t)room;
+        }
+        *n_allowed += want;
+        if (want != m->allow[id]) return 0;
+    }
+    return 1;
+}
+
+static void test_mask_reference(const tokenizer *t, const grammar_vocab *v, int32_t eos) {
+    int steps = 0, same = 0, allowed_total = 0;
+    int nv = tokenizer_n_vocab(t);
+    float *logits = xmalloc((size_t)nv * sizeof *logits);
+    for (int it = 0; it < 8; it++) {
+        json_t *s = random_schema(0);
+        char *st = json_dumps(s, JSON_COMPACT);
+        df_error err = {0};
+        grammar *g = build(st, &err);
+        if (g) {
+            grammar_mask m;
+            grammar_mask_init(&m, g, v, eos);
+            int max_tokens = (int)grammar_min_len(g) + 1 + (int)rnd(60);
+            for (int i = 0; i < max_tokens; i++) {
+                for (int k = 0; k < nv; k++) logits[k] = (float)rnd(1000);
+                grammar_mask_apply(&m, logits, nv, max_tokens - i);
+                int na;
+                steps++;
+                same += mask_matches_reference(&m, t, max_tokens - i, &na);
+                allowed_total += na;
+                int32_t best = 0;
+                for (int k = 1; k < nv; k++)
+                    if (logits[k] > logits[best]) best = k;
+                if (best == eos || grammar_mask_accept(&m, best)) break;
+            }
+            grammar_mask_free(&m);
+            grammar_free(g);
+        }
+        free(st);
+        json_decref(s);
+    }
+    free(logits);
+    CHECK(steps > 20 && same == steps, "mask equals a token-by-token check at %d/%d steps (%d allowed in all)", same,
+          steps, allowed_total);
 }
 
 static void test_random(const tokenizer *t, const grammar_vocab *v, int32_t eos) {
@@ -408,14 +480,11 @@ static void bench(const char *what, const tokenizer *t, int32_t eos) {
                        "\"items\":{\"type\":\"string\"}},\"n\":{\"type\":\"number\"}},\"required\":[\"name\",\"tags\",\"n\"],"
                        "\"additionalProperties\":false}", &err);
     int complete, stuck;
-    double t0 = df_now();
-    grammar_mask m;
-    grammar_mask_init(&m, g, v, eos);
-    grammar_mask_free(&m);
-    char *doc = generate(g, v, t, eos, 120, &complete, &stuck);
-    double dt = df_now() - t0;
-    printf("# grammar mask on %s (%d tokens): %.1f us per generated token over a 120-token document (%s)\n", what,
-           tokenizer_n_vocab(t), dt / 120 * 1e6, complete ? "complete" : "budget-bound");
+    double mask_s = 0;
+    int steps = 0;
+    char *doc = generate_timed(g, v, t, eos, 120, &complete, &stuck, &mask_s, &steps);
+    printf("# grammar mask on %s (%d tokens): %.1f us per token (mask only, %d tokens of a JSON document)\n", what,
+           tokenizer_n_vocab(t), steps ? mask_s / steps * 1e6 : 0.0, steps);
     CHECK(complete && !stuck, "bench document on %s completes within its budget", what);
     free(doc);
     grammar_free(g);
@@ -431,6 +500,7 @@ int main(void) {
     int32_t eos = tokenizer_special_id(t, "<|im_end|>");
     grammar_vocab *v = grammar_vocab_new(t);
     test_multi_state(t, v, eos);
+    test_mask_reference(t, v, eos);
     test_random(t, v, eos);
     grammar_vocab_free(v);
     bench("models/default", t, eos);
