@@ -76,83 +76,79 @@ static int args_node(grammar *g, const srv_tool *t, df_error *err) {
     return grammar_add_schema(g, t->parameters, strlen(t->parameters), err);
 }
 
-static int special(const srv *s, const char *name, df_error *err, int *missing) {
-    int32_t id = tokenizer_special_id(s->tok, name);
-    if (id < 0) {
-        df_error_set(err, DF_EUNSUPPORTED, "this model's tokenizer has no %s token for tool calls", name);
-        *missing = 1;
-    }
-    return id;
-}
+enum { TK_SEC_BEGIN, TK_SEC_END, TK_CALL_BEGIN, TK_ARG_BEGIN, TK_CALL_END, TK_OPEN, TK_CLOSE, TK_SEP, TK_N };
 
-/* K2: <|tool_calls_section_begin|> (<|tool_call_begin|>functions.NAME:IDX<|tool_call_argument_begin|>ARGS
- * <|tool_call_end|>)+ <|tool_calls_section_end|> */
-static int k2_call_grammar(const srv *s, const srv_request *r, grammar *g, df_error *err) {
-    int miss = 0;
-    int32_t sb = special(s, "<|tool_calls_section_begin|>", err, &miss), se = special(s, "<|tool_calls_section_end|>", err, &miss),
-            cb = special(s, "<|tool_call_begin|>", err, &miss), ab = special(s, "<|tool_call_argument_begin|>", err, &miss),
-            ce = special(s, "<|tool_call_end|>", err, &miss);
-    if (miss) return -1;
+/* One call of any allowed function: its name as a literal, then that function's own arguments schema.
+ * K2: NAME:IDX<|tool_call_argument_begin|>ARGS<|tool_call_end|> (after "functions.").
+ * K3: NAME" index="N"<|sep|><|open|>json type="object"<|sep|>ARGS<|close|>json<|sep|><|close|>call<|sep|>
+ *     (after `<|open|>call tool="`; names are [A-Za-z0-9_-], nothing to escape). */
+static int call_select(const srv_request *r, grammar *g, chat_format fmt, const int32_t *tk, df_error *err) {
     const char *lits[SRV_MAX_TOOLS];
-    int kids[SRV_MAX_TOOLS], n = 0;
     char *names[SRV_MAX_TOOLS];
-    for (int i = 0; i < r->n_tools; i++) {
+    int kids[SRV_MAX_TOOLS], n = 0, rc = 0;
+    for (int i = 0; i < r->n_tools && !rc; i++) {
         if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(r->tools[i].name, r->tool_choice_name)) continue;
         int a = args_node(g, &r->tools[i], err);
         if (a < 0) {
-            for (int k = 0; k < n; k++) free(names[k]);
+            rc = -1;
+            break;
+        }
+        size_t len = strlen(r->tools[i].name) + 16;
+        names[n] = xmalloc(len);
+        if (fmt == CHAT_K3) {
+            snprintf(names[n], len, "%s\" index=\"", r->tools[i].name);
+            int tail[] = {grammar_add_int(g, 1, 999), grammar_add_text(g, "\""), grammar_add_token(g, tk[TK_SEP]),
+                          grammar_add_token(g, tk[TK_OPEN]), grammar_add_text(g, "json type=\"object\""),
+                          grammar_add_token(g, tk[TK_SEP]), a, grammar_add_token(g, tk[TK_CLOSE]),
+                          grammar_add_text(g, "json"), grammar_add_token(g, tk[TK_SEP]),
+                          grammar_add_token(g, tk[TK_CLOSE]), grammar_add_text(g, "call"),
+                          grammar_add_token(g, tk[TK_SEP])};
+            kids[n] = grammar_add_seq(g, tail, (int)(sizeof tail / sizeof *tail));
+        } else {
+            snprintf(names[n], len, "%s:", r->tools[i].name);
+            int tail[] = {grammar_add_int(g, 0, 999), grammar_add_token(g, tk[TK_ARG_BEGIN]), a,
+                          grammar_add_token(g, tk[TK_CALL_END])};
+            kids[n] = grammar_add_seq(g, tail, 4);
+        }
+        lits[n] = names[n];
+        n++;
+    }
+    int sel = rc ? -1 : grammar_add_select(g, lits, kids, n);
+    for (int k = 0; k < n; k++) free(names[k]);
+    return sel;
+}
+
+/* K2: <|tool_calls_section_begin|> (<|tool_call_begin|>functions.CALL)+ <|tool_calls_section_end|>
+ * K3 (the prompt opened the response): close it, then <|open|>tools<|sep|> (<|open|>call tool="CALL)+
+ * <|close|>tools<|sep|><|close|>message<|sep|> */
+static int call_grammar(const srv *s, const srv_request *r, grammar *g, df_error *err) {
+    static const char *const names[TK_N] = {"<|tool_calls_section_begin|>", "<|tool_calls_section_end|>",
+                                            "<|tool_call_begin|>", "<|tool_call_argument_begin|>",
+                                            "<|tool_call_end|>", "<|open|>", "<|close|>", "<|sep|>"};
+    int32_t tk[TK_N];
+    for (int i = 0; i < TK_N; i++) {
+        tk[i] = tokenizer_special_id(s->tok, names[i]);
+        if (tk[i] < 0 && (s->fmt == CHAT_K3) == (i >= TK_OPEN)) {
+            df_error_set(err, DF_EUNSUPPORTED, "this model's tokenizer has no %s token for tool calls", names[i]);
             return -1;
         }
-        int tail[] = {grammar_add_int(g, 0, 999), grammar_add_token(g, ab), a, grammar_add_token(g, ce)};
-        names[n] = xmalloc(strlen(r->tools[i].name) + 2);
-        sprintf(names[n], "%s:", r->tools[i].name);
-        lits[n] = names[n];
-        kids[n++] = grammar_add_seq(g, tail, 4);
     }
-    int call[] = {grammar_add_token(g, cb), grammar_add_text(g, "functions."), grammar_add_select(g, lits, kids, n)};
-    for (int k = 0; k < n; k++) free(names[k]);
+    int sel = call_select(r, g, s->fmt, tk, err);
+    if (sel < 0) return -1;
     int max = r->parallel_tool_calls >= 0 && r->tool_choice != SRV_TOOLS_NAMED ? MAX_PARALLEL_CALLS : 1;
-    int root[] = {grammar_add_token(g, sb), grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
-                  grammar_add_token(g, se)};
+    if (s->fmt == CHAT_K3) {
+        int call[] = {grammar_add_token(g, tk[TK_OPEN]), grammar_add_text(g, "call tool=\""), sel};
+        int root[] = {grammar_add_token(g, tk[TK_CLOSE]), grammar_add_text(g, "response"), grammar_add_token(g, tk[TK_SEP]),
+                      grammar_add_token(g, tk[TK_OPEN]), grammar_add_text(g, "tools"), grammar_add_token(g, tk[TK_SEP]),
+                      grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
+                      grammar_add_token(g, tk[TK_CLOSE]), grammar_add_text(g, "tools"), grammar_add_token(g, tk[TK_SEP]),
+                      grammar_add_token(g, tk[TK_CLOSE]), grammar_add_text(g, "message"), grammar_add_token(g, tk[TK_SEP])};
+        return grammar_add_seq(g, root, (int)(sizeof root / sizeof *root));
+    }
+    int call[] = {grammar_add_token(g, tk[TK_CALL_BEGIN]), grammar_add_text(g, "functions."), sel};
+    int root[] = {grammar_add_token(g, tk[TK_SEC_BEGIN]), grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
+                  grammar_add_token(g, tk[TK_SEC_END])};
     return grammar_add_seq(g, root, 3);
-}
-
-/* K3 (the prompt opened the response): close it, then
- * <|open|>tools<|sep|> (<|open|>call tool="NAME" index="N"<|sep|><|open|>json type="object"<|sep|>ARGS
- * <|close|>json<|sep|><|close|>call<|sep|>)+ <|close|>tools<|sep|><|close|>message<|sep|> */
-static int k3_call_grammar(const srv *s, const srv_request *r, grammar *g, df_error *err) {
-    int miss = 0;
-    int32_t op = special(s, "<|open|>", err, &miss), cl = special(s, "<|close|>", err, &miss),
-            sp = special(s, "<|sep|>", err, &miss);
-    if (miss) return -1;
-    const char *lits[SRV_MAX_TOOLS];
-    int kids[SRV_MAX_TOOLS], n = 0;
-    char *names[SRV_MAX_TOOLS];
-    for (int i = 0; i < r->n_tools; i++) {
-        if (r->tool_choice == SRV_TOOLS_NAMED && strcmp(r->tools[i].name, r->tool_choice_name)) continue;
-        int a = args_node(g, &r->tools[i], err);
-        if (a < 0) {
-            for (int k = 0; k < n; k++) free(names[k]);
-            return -1;
-        }
-        int tail[] = {grammar_add_int(g, 1, 999), grammar_add_text(g, "\""), grammar_add_token(g, sp),
-                      grammar_add_token(g, op), grammar_add_text(g, "json type=\"object\""), grammar_add_token(g, sp), a,
-                      grammar_add_token(g, cl), grammar_add_text(g, "json"), grammar_add_token(g, sp),
-                      grammar_add_token(g, cl), grammar_add_text(g, "call"), grammar_add_token(g, sp)};
-        names[n] = xmalloc(strlen(r->tools[i].name) + 16);
-        sprintf(names[n], "%s\" index=\"", r->tools[i].name);   /* names are [A-Za-z0-9_-]: nothing to escape */
-        lits[n] = names[n];
-        kids[n++] = grammar_add_seq(g, tail, (int)(sizeof tail / sizeof *tail));
-    }
-    int call[] = {grammar_add_token(g, op), grammar_add_text(g, "call tool=\""), grammar_add_select(g, lits, kids, n)};
-    for (int k = 0; k < n; k++) free(names[k]);
-    int max = r->parallel_tool_calls >= 0 && r->tool_choice != SRV_TOOLS_NAMED ? MAX_PARALLEL_CALLS : 1;
-    int root[] = {grammar_add_token(g, cl), grammar_add_text(g, "response"), grammar_add_token(g, sp),
-                  grammar_add_token(g, op), grammar_add_text(g, "tools"), grammar_add_token(g, sp),
-                  grammar_add_repeat(g, grammar_add_seq(g, call, 3), 1, max),
-                  grammar_add_token(g, cl), grammar_add_text(g, "tools"), grammar_add_token(g, sp),
-                  grammar_add_token(g, cl), grammar_add_text(g, "message"), grammar_add_token(g, sp)};
-    return grammar_add_seq(g, root, (int)(sizeof root / sizeof *root));
 }
 
 int tools_prepare(srv *s, srv_job *j, srv_err *err) {
@@ -172,7 +168,7 @@ int tools_prepare(srv *s, srv_job *j, srv_err *err) {
     t->g = grammar_new();
     int root;
     if (r->tool_choice == SRV_TOOLS_REQUIRED || r->tool_choice == SRV_TOOLS_NAMED)
-        root = s->fmt == CHAT_K3 ? k3_call_grammar(s, r, t->g, &de) : k2_call_grammar(s, r, t->g, &de);
+        root = call_grammar(s, r, t->g, &de);
     else if (r->response_format == SRV_FORMAT_JSON_SCHEMA)
         root = grammar_add_schema(t->g, r->response_schema, strlen(r->response_schema), &de);
     else

@@ -161,6 +161,13 @@ static void k3_call(render *r, const chat_tool_call *c, int index) {
     k3_close(r, "call");
 }
 
+/* 1-based position of the call a tool result answers among the last assistant turn's calls, or -1. */
+static int k3_call_position(const chat_message_tools *m, const chat_message_tools *last_asst) {
+    for (int k = 0; m->tool_call_id && k < last_asst->n_tool_calls; k++)
+        if (last_asst->tool_calls[k].id && !strcmp(m->tool_call_id, last_asst->tool_calls[k].id)) return k + 1;
+    return -1;
+}
+
 /* The function a tool result answers: its own name, else the matching call of the last assistant turn. */
 static const char *k3_tool_name(const chat_message_tools *m, const chat_message_tools *last_asst, int index) {
     if (m->name && *m->name) return m->name;
@@ -218,16 +225,30 @@ static int k3_render(render *r, const chat_message *msgs, int n, const chat_opts
             last_asst = mt;
             tool_index = 0;
         } else if (!strcmp(m->role, "tool")) {
-            const char *name = k3_tool_name(mt, last_asst, ++tool_index);
-            if (!name) {
-                df_error_set(r->err, DF_EINVAL, "message %d: a tool result needs the function's name (name, or a "
-                                                "tool_call_id of the assistant's calls)", i);
-                return DF_EINVAL;
+            /* a run of results that all answer calls of the last assistant turn is re-sorted into call order
+             * and named after the calls, as the K3 encoder does; results are numbered as rendered */
+            int end = i, all = last_asst != NULL;
+            while (end < n && !strcmp(msgs[end].role, "tool")) {
+                if (all && k3_call_position(o->msg_tools ? &o->msg_tools[end] : &no_tools, last_asst) < 0) all = 0;
+                end++;
             }
-            char idx[16];
-            snprintf(idx, sizeof idx, "%d", tool_index);
-            const char *const attrs[] = {"role", "tool", "tool", name, "index", idx, NULL};
-            k3_message(r, attrs, m->content);
+            for (int pos = all ? 1 : 0; pos <= (all ? last_asst->n_tool_calls : 0); pos++)
+                for (int k = i; k < end && !r->rc; k++) {
+                    const chat_message_tools *kt = o->msg_tools ? &o->msg_tools[k] : &no_tools;
+                    if (all && k3_call_position(kt, last_asst) != pos) continue;
+                    int index = ++tool_index;
+                    const char *name = all ? last_asst->tool_calls[pos - 1].name : k3_tool_name(kt, last_asst, index);
+                    if (!name) {
+                        df_error_set(r->err, DF_EINVAL, "message %d: a tool result needs the function's name (name, "
+                                                        "or a tool_call_id of the assistant's calls)", k);
+                        return DF_EINVAL;
+                    }
+                    char idx[16];
+                    snprintf(idx, sizeof idx, "%d", index);
+                    const char *const attrs[] = {"role", "tool", "tool", name, "index", idx, NULL};
+                    k3_message(r, attrs, msgs[k].content);
+                }
+            i = end - 1;
         } else {
             df_error_set(r->err, DF_EUNSUPPORTED,
                          "message %d: role '%s' is not supported (system, user, assistant, tool)", i, m->role);

@@ -124,7 +124,7 @@ static void test_k3_tools(const tokenizer *t) {
     o.thinking = 0;
     o.tools_json = "[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":{\"type\":\"object\"}}}]";
     o.tool_choice = "required";
-    chat_tool_call calls[] = {{"c1", "f", "{\"b\":\"x\",\"a\":[1, 2]}"}, {"c2", "f", "not json"}};
+    chat_tool_call calls[] = {{"c1", "f", "{\"b\":\"x\",\"a\":[1, 2]}"}, {"c2", "g", "not json"}};
     chat_message m[] = {{"user", "Hi", NULL}, {"assistant", "", NULL}, {"tool", "42", NULL}, {"tool", "43", NULL}};
     chat_message_tools mt[] = {{0}, {calls, 2, NULL, NULL}, {NULL, 0, "c2", NULL}, {NULL, 0, "c1", NULL}};
     o.msg_tools = mt;
@@ -140,15 +140,16 @@ static void test_k3_tools(const tokenizer *t) {
         "<|open|>", "argument key=\"b\" type=\"string\"", "<|sep|>", "x", "<|close|>", "argument", "<|sep|>",
         "<|open|>", "argument key=\"a\" type=\"array\"", "<|sep|>", "[1, 2]", "<|close|>", "argument", "<|sep|>",
         "<|close|>", "call", "<|sep|>",
-        "<|open|>", "call tool=\"f\" index=\"2\"", "<|sep|>",
+        "<|open|>", "call tool=\"g\" index=\"2\"", "<|sep|>",
         "<|open|>", "json type=\"object\"", "<|sep|>", "not json", "<|close|>", "json", "<|sep|>",
         "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
-        K3MSG("tool\" tool=\"f\" index=\"1", "42"), K3MSG("tool\" tool=\"f\" index=\"2", "43"),
+        K3MSG("tool\" tool=\"f\" index=\"1", "43"), K3MSG("tool\" tool=\"g\" index=\"2", "42"),
         "<|open|>", "message role=\"system\" type=\"tool-choice\"", "<|sep|>",
         "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.",
         "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
         "<|open|>", "message role=\"assistant\"", "<|sep|>", "<|open|>", "response", "<|sep|>", NULL};
-    golden(t, CHAT_K3, m, 4, &o, want, "k3", "tools declared, calls as arguments / json block, results, tool_choice");
+    golden(t, CHAT_K3, m, 4, &o, want, "k3",
+           "tools declared, calls as arguments / json block, results re-sorted into call order, tool_choice");
 
     chat_opts f = o;
     f.tools_json = NULL;
@@ -165,6 +166,26 @@ static void test_k3_tools(const tokenizer *t) {
         "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
         "<|open|>", "message role=\"assistant\"", "<|sep|>", "<|open|>", "response", "<|sep|>", NULL};
     golden(t, CHAT_K3, m, 1, &f, fwant, "k3", "response_format json_schema note");
+
+    chat_opts one = o;
+    one.tools_json = NULL;
+    one.tool_choice = NULL;
+    one.add_generation_prompt = 0;
+    chat_message_tools mt1[] = {{0}, {calls, 2, NULL, NULL}, {NULL, 0, "c2", NULL}};
+    one.msg_tools = mt1;
+    static const char *const owant[] = {
+        K3MSG("user", "Hi"),
+        "<|open|>", "message role=\"assistant\"", "<|sep|>", "<|open|>", "response", "<|sep|>",
+        "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
+        "<|open|>", "call tool=\"f\" index=\"1\"", "<|sep|>",
+        "<|open|>", "argument key=\"b\" type=\"string\"", "<|sep|>", "x", "<|close|>", "argument", "<|sep|>",
+        "<|open|>", "argument key=\"a\" type=\"array\"", "<|sep|>", "[1, 2]", "<|close|>", "argument", "<|sep|>",
+        "<|close|>", "call", "<|sep|>",
+        "<|open|>", "call tool=\"g\" index=\"2\"", "<|sep|>",
+        "<|open|>", "json type=\"object\"", "<|sep|>", "not json", "<|close|>", "json", "<|sep|>",
+        "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
+        K3MSG("tool\" tool=\"g\" index=\"1", "42"), NULL};
+    golden(t, CHAT_K3, m, 3, &one, owant, "k3", "one result of two calls: named after its call, numbered 1");
 }
 
 /* K2: tool_declare turn first, calls in a section after the content (ids kept, or functions.NAME:IDX), results
