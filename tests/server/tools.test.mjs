@@ -47,7 +47,7 @@ function callsValid(calls, allowed) {
 let okRequired = 0;
 const seeds = [1, 2];
 for (const seed of seeds) {
-  const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
+  const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
     temperature: 1, seed });
   const ch = r.choices[0];
   if (ch.finish_reason === 'tool_calls' && ch.message.content === null &&
@@ -59,7 +59,7 @@ check(okRequired === seeds.length, `tool_choice required: ${okRequired}/${seeds.
 // named: the chosen function, one call
 let okNamed = 0;
 for (const seed of [5]) {
-  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 80, temperature: 1, seed,
+  const r = await client.chat.completions.create({ model, messages, tools, max_tokens: 64, temperature: 1, seed,
     tool_choice: { type: 'function', function: { name: 'search' } } });
   const calls = r.choices[0].message.tool_calls;
   if (callsValid(calls, ['search']) && calls.length === 1) okNamed++;
@@ -67,14 +67,14 @@ for (const seed of [5]) {
 check(okNamed === 1, 'tool_choice naming a function: one call of that function with valid arguments');
 
 const single = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required',
-  parallel_tool_calls: false, max_tokens: 80, temperature: 1, seed: 9 });
+  parallel_tool_calls: false, max_tokens: 64, temperature: 1, seed: 9 });
 check(single.choices[0].message.tool_calls?.length === 1 && callsValid(single.choices[0].message.tool_calls,
   ['get_weather', 'search']), 'parallel_tool_calls false: exactly one call');
 
 // streaming: deltas accumulate into the same calls as the non-streamed answer
-const plain = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
+const plain = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
   temperature: 0 });
-const stream = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
+const stream = await client.chat.completions.create({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
   temperature: 0, stream: true });
 const acc = [];
 let finish = null, firstHasHead = true, sawDelta = 0;
@@ -97,7 +97,7 @@ check(JSON.stringify(acc) === JSON.stringify(plain.choices[0].message.tool_calls
   'streamed tool calls equal the non-streamed ones');
 
 // the openai helper's own accumulation of a streamed call
-const runner = client.beta.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 80,
+const runner = client.beta.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
   temperature: 0 });
 const fc = await runner.finalChatCompletion();
 check(JSON.stringify(fc.choices[0].message.tool_calls?.map((c) => [c.id, c.function.name, c.function.arguments])) ===
@@ -108,19 +108,20 @@ check(JSON.stringify(fc.choices[0].message.tool_calls?.map((c) => [c.id, c.funct
 const call = plain.choices[0].message.tool_calls[0];
 const turn = [...messages, { role: 'assistant', content: null, tool_calls: [call] },
   { role: 'tool', tool_call_id: call.id, content: '{"temp":21}' }];
-const withTools = await client.chat.completions.create({ model, messages: turn, tools, max_tokens: 8, temperature: 0 });
-const without = await client.chat.completions.create({ model, messages, max_tokens: 8, temperature: 0 });
+const withTools = await client.chat.completions.create({ model, messages: turn, tools: tools.slice(0, 1), max_tokens: 4,
+  temperature: 0 });
+const without = await client.chat.completions.create({ model, messages, max_tokens: 4, temperature: 0 });
 check(withTools.usage.prompt_tokens > without.usage.prompt_tokens + 40 && typeof withTools.choices[0].finish_reason === 'string',
   `tools, an assistant tool call and a tool result are accepted and rendered (${withTools.usage.prompt_tokens} vs ${without.usage.prompt_tokens} prompt tokens)`);
 
 // tool_choice none: no call comes back
 let noCall = 0;
-for (const seed of [11, 12]) {
+for (const seed of [11]) {
   const r = await client.chat.completions.create({ model, messages, tools, tool_choice: 'none', max_tokens: 24,
     temperature: 1, seed });
   if (!r.choices[0].message.tool_calls && r.choices[0].finish_reason !== 'tool_calls') noCall++;
 }
-check(noCall === 2, 'tool_choice none: plain answers');
+check(noCall === 1, 'tool_choice none: plain answers');
 
 // refusals name the field
 const badChoice = await post('/v1/chat/completions', JSON.stringify({ model, messages, tools,
