@@ -110,7 +110,5 @@ void grammar_mask_free(grammar_mask *m);
 int grammar_mask_apply(grammar_mask *m, float *logits, int n_vocab, int budget);
 /* Advances the state by the sampled token; -1 if the grammar refuses it. */
 int grammar_mask_accept(grammar_mask *m, int32_t id);
-/* The document is complete. */
-int grammar_mask_done(const grammar_mask *m);
 
 #endif

@@ -232,5 +232,3 @@ int grammar_mask_accept(grammar_mask *m, int32_t id) {
     const uint8_t *p = tokenizer_token_bytes(m->v->t, id, &n);
     return p ? grammar_feed(m->g, &m->st, p, n) : -1;
 }
-
-int grammar_mask_done(const grammar_mask *m) { return grammar_accepting(m->g, &m->st); }

@@ -70,7 +70,7 @@ typedef struct srv_request {
     int n_stop;
     int logprobs;            /* report log-probabilities (sp.n_top_logprobs alternatives) */
     char *reasoning_effort;  /* chat: low | high | max | none; NULL = model default */
-    /* tools and constrained output (tools.c) */
+    /* tools and constrained output (tools_request.c) */
     char *tools_json;        /* the tools array, compact JSON in the client's key order; NULL = none */
     srv_tool *tools;
     int n_tools;
