@@ -10,7 +10,7 @@
 
 static const char *finish_name(gen_finish f) { return f == GEN_FINISH_LENGTH ? "length" : "stop"; }
 
-static json_t *lossy_string(const uint8_t *p, size_t n) {
+json_t *lossy_string(const uint8_t *p, size_t n) {
     text_buf b = {0};
     text_buf_puts(&b, "");
     for (size_t i = 0; i < n;) {

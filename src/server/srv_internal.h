@@ -3,6 +3,7 @@
 #ifndef DF_SRV_INTERNAL_H
 #define DF_SRV_INTERNAL_H
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
@@ -91,6 +92,7 @@ int job_enqueue(srv *s, srv_job *j, srv_err *err);
 void job_cancel(srv *s, srv_job *j);
 
 /* respond.c */
+json_t *lossy_string(const uint8_t *p, size_t n);   /* a JSON string of bytes that may not be valid UTF-8 */
 void respond_sse_role_chunk(const srv *s, srv_job *j, text_buf *out);
 void respond_sse_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *out);
 void respond_sse_end(const srv *s, srv_job *j, text_buf *out);

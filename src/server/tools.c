@@ -236,21 +236,6 @@ static size_t utf8_prefix(const char *p, size_t n) {
     return i;
 }
 
-static json_t *lossy(const char *p, size_t n) {
-    json_t *s = json_stringn(p, n);
-    if (s) return s;
-    text_buf b = {0};
-    text_buf_puts(&b, "");
-    for (size_t i = 0; i < n;) {
-        int k = utf8_valid_len((const uint8_t *)p + i, n - i);
-        if (k > 0) text_buf_append(&b, p + i, (size_t)k), i += (size_t)k;
-        else text_buf_puts(&b, "\xEF\xBF\xBD"), i++;
-    }
-    s = json_stringn(b.p, b.len);
-    text_buf_free(&b);
-    return s;
-}
-
 void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
     tools_job *t = j->tools;
     if (!t || !t->parser) return;
@@ -269,12 +254,12 @@ void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
         if (!t->sent_head[i]) {
             json_object_set_new(d, "id", json_string(c->id));
             json_object_set_new(d, "type", json_string("function"));
-            json_object_set_new(fn, "name", lossy(c->name, strlen(c->name)));
+            json_object_set_new(fn, "name", lossy_string((const uint8_t *)c->name, strlen(c->name)));
             t->sent_head[i] = 1;
         }
         size_t avail = c->args_len - t->sent_args[i];
         size_t take = final ? avail : utf8_prefix(c->args + t->sent_args[i], avail);
-        if (take || json_object_get(fn, "name")) json_object_set_new(fn, "arguments", lossy(c->args + t->sent_args[i], take));
+        if (take || json_object_get(fn, "name")) json_object_set_new(fn, "arguments", lossy_string((const uint8_t *)c->args + t->sent_args[i], take));
         t->sent_args[i] += take;
         if (json_object_size(fn)) {
             json_object_set_new(d, "function", fn);
@@ -312,8 +297,8 @@ void tools_final_message(const srv_job *j, json_t *msg) {
         const chat_call *c = chat_tool_parser_call(t->parser, i);
         if (!c->id) continue;
         json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", c->id, "type", "function", "function",
-                                               "name", lossy(c->name, strlen(c->name)), "arguments",
-                                               lossy(c->args, c->args_len)));
+                                               "name", lossy_string((const uint8_t *)c->name, strlen(c->name)), "arguments",
+                                               lossy_string((const uint8_t *)c->args, c->args_len)));
     }
     json_object_set_new(msg, "tool_calls", calls);
     if (!j->content.len) json_object_set_new(msg, "content", json_null());
