@@ -115,7 +115,7 @@ static void test_k3(const tokenizer *t) {
     tok_ids_free(&ids);
 }
 
-/* K3 tools as NeMo's encoder writes them: a tool-declare system message with the tools re-serialised with
+/* K3 tools as the K3 encoder writes them: a tool-declare system message with the tools re-serialised with
  * sorted keys, assistant calls as typed <argument> tags after the response, tool results named and numbered,
  * and the tool_choice note before the generation prompt. */
 static void test_k3_tools(const tokenizer *t) {
