@@ -26,11 +26,23 @@ struct gen_state {
     gen_config cfg;
     sampler smp;
     gen_text g;
+    int n_vocab;
 };
+
+/* Samples from logits under the configured constraint, if any; budget: tokens that may still be generated. */
+static int32_t gen_sample(gen_state *st, float *logits, int budget, sample_result *sr) {
+    const gen_config *cfg = &st->cfg;
+    /* nothing allowed only happens with a broken constraint: ending the message is the safe way out */
+    if (cfg->mask && !cfg->mask(cfg->mask_ctx, logits, st->n_vocab, budget) && cfg->eos_id >= 0 &&
+        cfg->eos_id < st->n_vocab)
+        logits[cfg->eos_id] = 0;
+    return sampler_sample(&st->smp, logits, sr);
+}
 
 /* Decodes one id into rs (reasoning) / ct (answer); returns 1 at the end of the chat message. */
 static int gen_text_feed(gen_text *g, const gen_config *cfg, int32_t id) {
     if (!cfg->tok) return 0;
+    if (g->split && cfg->tools && chat_tool_parser_feed(cfg->tools, id)) return 0;
     if (g->split) return chat_splitter_feed(g->split, id, &g->rs, &g->ct);
     size_t n = 0;
     const uint8_t *b = tokenizer_token_bytes(cfg->tok, id, &n);
@@ -48,9 +60,12 @@ static void gen_text_finish(gen_text *g, const gen_config *cfg) {
 enum { EMIT_MORE = 0, EMIT_FINAL, EMIT_CANCELLED };
 
 /* Records id, decodes its text, matches stop strings and reports it to the callback. */
-static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id, const sample_result *sr,
-                    gen_result *res, gen_event_fn cb, void *ctx) {
-    sampler_accept(smp, id);
+static int gen_emit(gen_state *st, int32_t id, const sample_result *sr, gen_result *res, gen_event_fn cb,
+                    void *ctx) {
+    gen_text *g = &st->g;
+    const gen_config *cfg = &st->cfg;
+    if (cfg->mask_accept) cfg->mask_accept(cfg->mask_ctx, id);
+    sampler_accept(&st->smp, id);
     tok_ids_push(&res->ids, id);
     g->rs.len = g->ct.len = 0;
     text_buf_clear(&g->out);
@@ -83,9 +98,11 @@ static int gen_emit(gen_text *g, const gen_config *cfg, sampler *smp, int32_t id
  * checked against the token sampled from the row before it and emitted while they agree, then the session
  * goes back to the kept tokens. *next gets the token to emit after the pass (the model's own choice at the
  * first disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
-static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen_text *g, int32_t id,
-                         const int32_t *drafts, int k, float *rows, int n_vocab, int32_t *next, sample_result *sr,
-                         gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc, df_error *err) {
+static int gen_spec_pass(df_session *s, gen_state *st, int32_t id, const int32_t *drafts, int k, float *rows,
+                         int32_t *next, sample_result *sr, gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc,
+                         df_error *err) {
+    const gen_config *cfg = &st->cfg;
+    int n_vocab = st->n_vocab;
     int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];
     in[0] = id;
     memcpy(in + 1, drafts, (size_t)k * sizeof(int32_t));
@@ -100,18 +117,18 @@ static int gen_spec_pass(df_session *s, const gen_config *cfg, sampler *smp, gen
     res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
     *emit_rc = EMIT_MORE;
     for (; j < k; j++) {
-        int32_t t = sampler_sample(smp, rows + (size_t)j * n_vocab, sr);
+        int32_t t = gen_sample(st, rows + (size_t)j * n_vocab, cfg->max_tokens - (int)res->ids.n, sr);
         if (t != drafts[j]) {
             *next = t;
             break;
         }
         accepted++;
         res->accepted++;
-        *emit_rc = gen_emit(g, cfg, smp, t, sr, res, cb, ctx);
+        *emit_rc = gen_emit(st, t, sr, res, cb, ctx);
         if (*emit_rc) break;
         res->n_evaluated++;
     }
-    if (j == k) *next = sampler_sample(smp, rows + (size_t)k * n_vocab, sr);
+    if (j == k) *next = gen_sample(st, rows + (size_t)k * n_vocab, cfg->max_tokens - (int)res->ids.n, sr);
     double rollback = -1;
     if (j < k) {   /* the session keeps id and the drafts before j */
         t0 = df_now();
@@ -127,6 +144,7 @@ gen_state *gen_state_new(const gen_config *cfg, int n_vocab) {
     gen_state *s = xcalloc(1, sizeof *s);
     s->cfg = *cfg;
     sampler_init(&s->smp, &cfg->sp, n_vocab);
+    s->n_vocab = n_vocab;
     if (cfg->chat && cfg->tok) s->g.split = chat_splitter_new(cfg->tok, cfg->fmt, cfg->in_reasoning);
     utf8_stream_init(&s->g.u8);
     stop_init(&s->g.stop, cfg->stop, cfg->n_stop);
@@ -147,8 +165,8 @@ void gen_state_free(gen_state *s) {
 int gen_step(gen_state *s, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res) {
     double t0 = df_now();
     sample_result sr;
-    int32_t id = sampler_sample(&s->smp, logits, &sr);
-    int e = gen_emit(&s->g, &s->cfg, &s->smp, id, &sr, res, cb, ctx);
+    int32_t id = gen_sample(s, logits, s->cfg.max_tokens - (int)res->ids.n, &sr);
+    int e = gen_emit(s, id, &sr, res, cb, ctx);
     *next = id;
     res->decode_s += df_now() - t0;
     return e != EMIT_MORE;
@@ -158,17 +176,15 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
             gen_result *res, df_error *err) {
     memset(res, 0, sizeof *res);
     gen_state *st = gen_state_new(cfg, n_vocab);
-    sampler *smp = &st->smp;
-    gen_text *g = &st->g;
     int kmax = cfg->spec ? spec_draft_max(cfg->spec) : 0;
     float *rows = kmax ? xmalloc((size_t)(kmax + 1) * n_vocab * sizeof(float)) : NULL;
     int32_t drafts[SPEC_DRAFT_MAX_LIMIT];
     double t0 = df_now();
     int rc = DF_OK;
     sample_result sr;
-    int32_t id = sampler_sample(smp, logits, &sr);
+    int32_t id = gen_sample(st, logits, cfg->max_tokens, &sr);
     for (;;) {
-        int e = gen_emit(g, cfg, smp, id, &sr, res, cb, ctx);
+        int e = gen_emit(st, id, &sr, res, cb, ctx);
         int k = 0;
         if (!e && cfg->spec) {
             k = spec_propose(cfg->spec, s, id, cfg->max_tokens - (int)res->ids.n, drafts, err);
@@ -178,7 +194,7 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
             }
         }
         if (!e && k) {
-            rc = gen_spec_pass(s, cfg, smp, g, id, drafts, k, rows, n_vocab, &id, &sr, res, cb, ctx, &e, err);
+            rc = gen_spec_pass(s, st, id, drafts, k, rows, &id, &sr, res, cb, ctx, &e, err);
             if (!rc && !e) continue;
         } else if (!e) {
             double te = df_now();
@@ -187,7 +203,7 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
                 res->passes++;
                 res->n_evaluated++;
                 if (cfg->spec) spec_observe(cfg->spec, 1, 0, df_now() - te, -1);
-                id = sampler_sample(smp, logits, &sr);
+                id = gen_sample(st, logits, cfg->max_tokens - (int)res->ids.n, &sr);
                 continue;
             }
         }

@@ -10,6 +10,7 @@
 #include "sample/sample.h"
 #include "sample/stop.h"
 #include "tokenizer/tokenizer.h"
+#include "tokenizer/toolcall.h"
 
 typedef struct gen_config {
     const tokenizer *tok;     /* NULL: ids only, no text */
@@ -22,6 +23,13 @@ typedef struct gen_config {
     int n_stop;
     sample_params sp;
     struct spec *spec;        /* speculative decoding (sample/spec.h); NULL = one token per pass */
+    /* Optional constraint on the sampled tokens (e.g. a grammar): before each sample, mask(mask_ctx, logits,
+     * n_vocab, budget) sets forbidden logits to -inf (budget: tokens that may still be generated, this one
+     * included) and returns how many remain allowed; mask_accept(mask_ctx, id) then advances it. */
+    int (*mask)(void *ctx, float *logits, int n_vocab, int budget);
+    int (*mask_accept)(void *ctx, int32_t id);
+    void *mask_ctx;
+    chat_tool_parser *tools;  /* chat: reads tool calls out of the ids and keeps their sections out of the text */
 } gen_config;
 
 typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED } gen_finish;

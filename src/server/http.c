@@ -19,6 +19,7 @@
 #include "common/util.h"
 #include "server/guard.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 /* Requests whose JSON is parsed at once; others wait, so parsing memory stays bounded (see README). */
 #define PARSE_SLOTS 2
@@ -372,6 +373,9 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
         else if (r->reasoning_effort) co.effort = r->reasoning_effort;
         if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
+        if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
+        void *keep;
+        tools_chat_opts(r, &co, &keep);
         int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
         /* the prompt cache keeps the conversation before the last user message: what the next turn, or
          * another chat with the same system prompt, starts with */
@@ -388,6 +392,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
             }
             tok_ids_free(&head);
         }
+        tools_chat_free(keep);
         free(m);
         if (rc) {
             srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
@@ -449,7 +454,12 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         r->sp.seed = (uint64_t)ts.tv_nsec ^ ((uint64_t)ts.tv_sec << 20) ^ (uint64_t)(uintptr_t)j;
     }
     j->choices = xcalloc((size_t)j->n_choices, sizeof *j->choices);
-    return 0;
+    if (j->n_choices > 1 && (j->req.n_tools || j->req.response_format != SRV_FORMAT_TEXT)) {
+        srv_err_set(err, 400, "invalid_request_error", "unsupported_value", "n",
+                    "'n' > 1 cannot be combined with tools or response_format.");
+        return -1;
+    }
+    return tools_prepare(s, j, err);
 }
 
 /* The most JSON values a body may hold: a prompt of the whole context as token ids, or as messages of a

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
+#include "server/tools.h"
 
 void srv_err_set(srv_err *e, int status, const char *type, const char *code, const char *param, const char *fmt,
                  ...) {
@@ -170,7 +171,7 @@ static int parse_messages(pctx *c, json_t *v) {
         json_t *val;
         json_object_foreach(m, key, val) {
             if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "name") &&
-                strcmp(key, "reasoning_content")) {
+                strcmp(key, "reasoning_content") && strcmp(key, "tool_calls") && strcmp(key, "tool_call_id")) {
                 char kn[200];
                 snprintf(kn, sizeof kn, "%s.%.64s", name, key);
                 if (json_is_null(val)) continue;
@@ -183,8 +184,9 @@ static int parse_messages(pctx *c, json_t *v) {
         snprintf(name, sizeof name, "messages[%zu].role", i);
         if (!json_is_string(role)) return bad_type(c, name, "a string");
         const char *rs = json_string_value(role);
-        if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && strcmp(rs, "assistant"))
-            return bad(c, name, "Unsupported role '%s' (system, developer, user, assistant).", rs);
+        if (strcmp(rs, "system") && strcmp(rs, "developer") && strcmp(rs, "user") && strcmp(rs, "assistant") &&
+            strcmp(rs, "tool"))
+            return bad(c, name, "Unsupported role '%s' (system, developer, user, assistant, tool).", rs);
         msg->role = xstrdup(rs);
         json_t *content = json_object_get(m, "content");
         if (!content && strcmp(rs, "assistant")) {
@@ -202,6 +204,7 @@ static int parse_messages(pctx *c, json_t *v) {
             if (strcmp(rs, "assistant")) return bad(c, name, "Only assistant messages carry reasoning_content.%s", "");
             msg->reasoning = xstrdup(json_string_value(rc));
         }
+        if (tools_parse_message(msg, m, i, c->err)) return -1;
     }
     return 0;
 }
@@ -423,6 +426,12 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
         const char *key;
         json_t *v;
         json_object_foreach(root, key, v) {
+            int t = tools_parse_field(r, key, v, err);
+            if (t) {
+                rc = t < 0 ? -1 : 0;
+                if (rc) break;
+                continue;
+            }
             if (!known_field(fields, key)) {
                 if (no_op_value(key, v)) continue;
                 if ((rc = unknown(&c, key))) break;
@@ -441,6 +450,7 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
         if (lim->strict) rc = bad(&c, "top_logprobs", "'top_logprobs' needs 'logprobs' set to true.%s", "");
         else r->sp.n_top_logprobs = 0;
     }
+    if (!rc) rc = tools_check_request(r, err);
     if (!rc && r->include_usage && !r->stream) {
         if (lim->strict) rc = bad(&c, "stream_options", "'stream_options' is only allowed when 'stream' is true.%s", "");
         else r->include_usage = 0;
@@ -453,6 +463,7 @@ int srv_request_parse(const char *body, size_t len, srv_endpoint ep, const srv_l
 }
 
 void srv_request_free(srv_request *r) {
+    tools_request_free(r);
     for (int i = 0; i < r->n_msgs; i++) {
         free(r->msgs[i].role);
         free(r->msgs[i].content);

@@ -30,11 +30,27 @@ void srv_err_set(srv_err *e, int status, const char *type, const char *code, con
 /* {"error":{"message":…,"type":…,"param":…,"code":…}} */
 void srv_err_json(const srv_err *e, text_buf *out);
 
+typedef struct srv_tool_call {
+    char *id, *name, *arguments;   /* arguments: JSON text as the client sent it */
+} srv_tool_call;
+
 typedef struct srv_message {
-    char *role;        /* system | developer | user | assistant */
+    char *role;        /* system | developer | user | assistant | tool */
     char *content;
     char *reasoning;   /* assistant reasoning_content, or NULL */
+    srv_tool_call *tool_calls;     /* assistant */
+    int n_tool_calls;
+    char *tool_call_id;            /* tool */
+    char *name;
 } srv_message;
+
+typedef struct srv_tool {
+    char *name;
+    char *parameters;   /* JSON schema text, or NULL (any object) */
+} srv_tool;
+
+typedef enum { SRV_TOOLS_AUTO = 0, SRV_TOOLS_NONE, SRV_TOOLS_REQUIRED, SRV_TOOLS_NAMED } srv_tool_choice;
+typedef enum { SRV_FORMAT_TEXT = 0, SRV_FORMAT_JSON_OBJECT, SRV_FORMAT_JSON_SCHEMA } srv_format;
 
 typedef struct srv_limits {
     const char *const *names;   /* the served model's names; strict mode refuses any other */
@@ -63,6 +79,15 @@ typedef struct srv_request {
     int n;                   /* answers wanted (>= 1) */
     char *model;             /* the name asked for, or NULL */
     char *ignored;           /* lenient mode: unknown fields that were ignored, comma-separated; NULL if none */
+    /* tools and constrained output (tools_request.c) */
+    char *tools_json;        /* the tools array, compact JSON in the client's key order; NULL = none */
+    srv_tool *tools;
+    int n_tools;
+    srv_tool_choice tool_choice;
+    char *tool_choice_name;  /* SRV_TOOLS_NAMED */
+    int parallel_tool_calls; /* 0: not given (allowed), 1: true, -1: false */
+    srv_format response_format;
+    char *response_schema;   /* SRV_FORMAT_JSON_SCHEMA: the schema, compact JSON */
 } srv_request;
 
 /* Returns 0 and fills out, or -1 and fills err (out is then empty). */

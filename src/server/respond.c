@@ -7,6 +7,7 @@
 #include "common/util.h"
 #include "server/prompt_cache.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 static const char *finish_name(gen_finish f) { return f == GEN_FINISH_LENGTH ? "length" : "stop"; }
 
@@ -143,7 +144,8 @@ void respond_sse_event(const srv *s, srv_job *j, int c, const gen_event *ev, tex
         sse_write(o, out);
     }
     if (ev->final) {
-        json_t *choice = json_pack("{s:i,s:n,s:s}", "index", c, "logprobs", "finish_reason", finish_name(ev->finish));
+        json_t *choice = json_pack("{s:i,s:n,s:s}", "index", c, "logprobs", "finish_reason",
+                                   tools_finish_reason(j, finish_name(ev->finish)));
         if (j->req.ep == SRV_EP_CHAT) json_object_set_new(choice, "delta", json_object());
         else json_object_set_new(choice, "text", json_string(""));
         json_t *o = chunk_base(s, j);
@@ -194,12 +196,14 @@ static json_t *final_choice(const srv_job *j, int c) {
                                    : (j->req.ep == SRV_EP_CHAT ? json_array() : completion_logprobs_new());
         lp = j->req.ep == SRV_EP_CHAT ? json_pack("{s:o}", "content", acc) : acc;
     }
-    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", c, "logprobs", lp, "finish_reason", finish_name(ch->finish));
+    json_t *choice = json_pack("{s:i,s:o,s:s}", "index", c, "logprobs", lp, "finish_reason",
+                               tools_finish_reason(j, finish_name(ch->finish)));
     const char *content = ch->content.p ? ch->content.p : "";
     if (j->req.ep == SRV_EP_CHAT) {
         json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", content, ch->content.len);
         if (ch->reasoning.len)
             json_object_set_new(msg, "reasoning_content", json_stringn(ch->reasoning.p, ch->reasoning.len));
+        tools_final_message(j, msg);
         json_object_set_new(choice, "message", msg);
     } else {
         json_object_set_new(choice, "text", json_stringn(content, ch->content.len));

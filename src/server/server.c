@@ -60,6 +60,7 @@ static void srv_free(srv *s) {
     if (s->pcache) pcache_free(s->pcache);
     if (s->eng) df_engine_free(s->eng);
     if (s->tok) tokenizer_free(s->tok);
+    grammar_vocab_free(s->gvocab);
     free(s->model_id);
     metrics_free(&s->m);
     pthread_cond_destroy(&s->cv_work);

@@ -4,10 +4,12 @@
 #ifndef DF_SRV_INTERNAL_H
 #define DF_SRV_INTERNAL_H
 
+#include <jansson.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdint.h>
 #include "sample/generate.h"
+#include "sample/grammar.h"
 #include "server/request.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -64,6 +66,7 @@ typedef struct srv_job {
     const char *model_name;      /* the name answered with (owned by srv) */
     char id[48];
     long long created;
+    void *tools;                 /* tools.c: constraint, tool-call parser, streaming progress */
 } srv_job;
 
 /* ---- conversation slots (worker-only) ---- */
@@ -125,6 +128,7 @@ struct srv {
     pthread_cond_t cw_cv;
     srv_conn_watch *cw_head;
     int cw_stop;
+    grammar_vocab *gvocab;       /* worker: the vocabulary prepared for constrained output, made on first use */
 };
 
 /* worker.c */

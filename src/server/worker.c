@@ -14,6 +14,7 @@
 #include "common/util.h"
 #include "server/prompt_cache.h"
 #include "server/srv_internal.h"
+#include "server/tools.h"
 
 srv_job *job_new(srv *s) {
     srv_job *j = xcalloc(1, sizeof *j);
@@ -31,6 +32,7 @@ srv_job *job_new(srv *s) {
 }
 
 static void job_free(srv_job *j) {
+    tools_job_free(j);
     srv_request_free(&j->req);
     tok_ids_free(&j->prompt);
     close(j->wake_fd);
@@ -255,6 +257,7 @@ static int on_event(void *ctx, const gen_event *ev) {
     if (ev->final) j->choices[c].finish = ev->finish;
     if (j->req.stream) {
         text_buf chunk = {0};
+        tools_sse_deltas(w->s, j, ev->final, &chunk);   /* tools and n > 1 do not go together */
         respond_sse_event(w->s, j, c, ev, &chunk);
         pthread_mutex_lock(&w->s->mu);
         text_buf_append(&j->sse, chunk.p, chunk.len);
@@ -339,6 +342,7 @@ static void slot_start_decode(srv *s, srv_slot *sl) {
                       .max_tokens = j->max_tokens, .eos_id = s->info->eos_id,
                       .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .sp = j->req.sp};
     cfg.sp.seed += (uint64_t)sl->choice;   /* n > 1: different samples from one seed */
+    tools_gen_config(s, j, &cfg);
     sl->gen = gen_state_new(&cfg, s->info->vocab_size);
     sl->phase = SLOT_DECODE;
 }

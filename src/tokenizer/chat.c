@@ -1,5 +1,7 @@
-/* chat.c — chat prompt rendering (Kimi K3 "XTML" and the Kimi-Linear/K2 template, SPEC §5) and the streaming
- * splitter that separates the assistant's reasoning from its answer in generated ids. */
+/* chat.c — chat prompt rendering (Kimi K3 "XTML" and the Kimi-Linear/K2 template, SPEC §5), tool declarations,
+ * calls and results included, and the streaming splitter that separates the assistant's reasoning from its
+ * answer in generated ids. */
+#include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +12,7 @@
 static const char K2_DEFAULT_SYSTEM[] = "You are Kimi, an AI assistant created by Moonshot AI.";
 
 void chat_opts_default(chat_opts *o) {
+    memset(o, 0, sizeof *o);
     o->add_generation_prompt = 1;
     o->thinking = 1;
     o->effort = NULL;
@@ -94,7 +97,90 @@ static void k3_message(render *r, const char *const *attrs, const char *body) {
     r_special(r, "<|end_of_msg|>");
 }
 
+/* JSON text re-serialised compactly with sorted keys, as the K3 encoder writes tools and schemas. */
+static char *k3_sorted_json(render *r, const char *json, const char *what) {
+    json_error_t je;
+    json_t *v = json_loads(json, JSON_DECODE_ANY, &je);
+    char *out = v ? json_dumps(v, JSON_COMPACT | JSON_SORT_KEYS | JSON_ENCODE_ANY) : NULL;
+    json_decref(v);
+    if (!out && !r->rc) {
+        df_error_set(r->err, DF_EINVAL, "%s is not valid JSON", what);
+        r->rc = DF_EINVAL;
+    }
+    return out;
+}
+
+static void k3_system_note(render *r, const char *type, const char *body) {
+    const char *const attrs[] = {"role", "system", "type", type, NULL};
+    k3_message(r, attrs, body);
+}
+
+static void k3_tool_declare(render *r, const char *tools_json) {
+    char *j = k3_sorted_json(r, tools_json, "tools");
+    if (!j) return;
+    size_t n = strlen(j) + 128;
+    char *body = xmalloc(n);
+    snprintf(body, n, "# Tools\nHere are the available tools, described in JSONSchema.\n\n```json\n%s\n```", j);
+    k3_system_note(r, "tool-declare", body);
+    free(body);
+    free(j);
+}
+
+/* One call: its arguments as typed <argument> tags when they are a JSON object, else a raw json block. */
+static void k3_call(render *r, const chat_tool_call *c, int index) {
+    char idx[16];
+    snprintf(idx, sizeof idx, "%d", index);
+    const char *const attrs[] = {"tool", c->name ? c->name : "", "index", idx, NULL};
+    k3_open(r, "call", attrs);
+    const char *a = c->arguments ? c->arguments : "";
+    while (*a == ' ' || *a == '\n' || *a == '\t' || *a == '\r') a++;
+    json_t *args = *a ? json_loads(a, 0, NULL) : json_object();
+    if (json_is_object(args)) {
+        const char *key;
+        json_t *v;
+        json_object_foreach(args, key, v) {
+            const char *type = json_is_string(v) ? "string" : json_is_boolean(v) ? "boolean" : json_is_null(v) ? "null"
+                             : json_is_number(v) ? "number" : json_is_object(v) ? "object" : "array";
+            const char *const aa[] = {"key", key, "type", type, NULL};
+            k3_open(r, "argument", aa);
+            if (json_is_string(v)) {
+                r_text(r, json_string_value(v));
+            } else {
+                char *t = json_dumps(v, JSON_ENCODE_ANY);
+                r_text(r, t);
+                free(t);
+            }
+            k3_close(r, "argument");
+        }
+    } else {
+        static const char *const ja[] = {"type", "object", NULL};
+        k3_open(r, "json", ja);
+        r_text(r, c->arguments);
+        k3_close(r, "json");
+    }
+    json_decref(args);
+    k3_close(r, "call");
+}
+
+/* 1-based position of the call a tool result answers among the last assistant turn's calls, or -1. */
+static int k3_call_position(const chat_message_tools *m, const chat_message_tools *last_asst) {
+    for (int k = 0; m->tool_call_id && k < last_asst->n_tool_calls; k++)
+        if (last_asst->tool_calls[k].id && !strcmp(m->tool_call_id, last_asst->tool_calls[k].id)) return k + 1;
+    return -1;
+}
+
+/* The function a tool result answers: its own name, else the matching call of the last assistant turn. */
+static const char *k3_tool_name(const chat_message_tools *m, const chat_message_tools *last_asst, int index) {
+    if (m->name && *m->name) return m->name;
+    if (!last_asst) return NULL;
+    for (int k = 0; k < last_asst->n_tool_calls; k++)
+        if (m->tool_call_id && last_asst->tool_calls[k].id && !strcmp(m->tool_call_id, last_asst->tool_calls[k].id))
+            return last_asst->tool_calls[k].name;
+    return index >= 1 && index <= last_asst->n_tool_calls ? last_asst->tool_calls[index - 1].name : NULL;
+}
+
 static int k3_render(render *r, const chat_message *msgs, int n, const chat_opts *o) {
+    if (o->tools_json) k3_tool_declare(r, o->tools_json);
     if (o->thinking) {
         const char *effort = o->effort ? o->effort : "max";
         if (strcmp(effort, "low") && strcmp(effort, "high") && strcmp(effort, "max")) {
@@ -110,8 +196,12 @@ static int k3_render(render *r, const chat_message *msgs, int n, const chat_opts
         static const char *const attrs[] = {"role", "system", "type", "thinking-effort", NULL};
         k3_message(r, attrs, body);
     }
+    static const chat_message_tools no_tools;
+    const chat_message_tools *last_asst = NULL;
+    int tool_index = 0;
     for (int i = 0; i < n && !r->rc; i++) {
         const chat_message *m = &msgs[i];
+        const chat_message_tools *mt = o->msg_tools ? &o->msg_tools[i] : &no_tools;
         if (!strcmp(m->role, "system") || !strcmp(m->role, "developer") || !strcmp(m->role, "user")) {
             const char *const attrs[] = {"role", m->role[0] == 'u' ? "user" : "system", NULL};
             k3_message(r, attrs, m->content);
@@ -126,12 +216,68 @@ static int k3_render(render *r, const chat_message *msgs, int n, const chat_opts
             k3_open(r, "response", NULL);
             r_text(r, m->content);
             k3_close(r, "response");
+            if (mt->n_tool_calls) {
+                k3_open(r, "tools", NULL);
+                for (int k = 0; k < mt->n_tool_calls; k++) k3_call(r, &mt->tool_calls[k], k + 1);
+                k3_close(r, "tools");
+            }
             k3_close(r, "message");
             r_special(r, "<|end_of_msg|>");
+            last_asst = mt;
+            tool_index = 0;
+        } else if (!strcmp(m->role, "tool")) {
+            /* a run of results that all answer calls of the last assistant turn is re-sorted into call order
+             * and named after the calls, as the K3 encoder does; results are numbered as rendered */
+            int end = i, all = last_asst != NULL;
+            while (end < n && !strcmp(msgs[end].role, "tool")) {
+                if (all && k3_call_position(o->msg_tools ? &o->msg_tools[end] : &no_tools, last_asst) < 0) all = 0;
+                end++;
+            }
+            for (int pos = all ? 1 : 0; pos <= (all ? last_asst->n_tool_calls : 0); pos++)
+                for (int k = i; k < end && !r->rc; k++) {
+                    const chat_message_tools *kt = o->msg_tools ? &o->msg_tools[k] : &no_tools;
+                    if (all && k3_call_position(kt, last_asst) != pos) continue;
+                    int index = ++tool_index;
+                    const char *name = all ? last_asst->tool_calls[pos - 1].name : k3_tool_name(kt, last_asst, index);
+                    if (!name) {
+                        df_error_set(r->err, DF_EINVAL, "message %d: a tool result needs the function's name (name, "
+                                                        "or a tool_call_id of the assistant's calls)", k);
+                        return DF_EINVAL;
+                    }
+                    char idx[16];
+                    snprintf(idx, sizeof idx, "%d", index);
+                    const char *const attrs[] = {"role", "tool", "tool", name, "index", idx, NULL};
+                    k3_message(r, attrs, msgs[k].content);
+                }
+            i = end - 1;
         } else {
-            df_error_set(r->err, DF_EUNSUPPORTED, "message %d: role '%s' is not supported (system, user, assistant)",
-                         i, m->role);
+            df_error_set(r->err, DF_EUNSUPPORTED,
+                         "message %d: role '%s' is not supported (system, user, assistant, tool)", i, m->role);
             return DF_EUNSUPPORTED;
+        }
+    }
+    if (o->tool_choice && !strcmp(o->tool_choice, "required"))
+        k3_system_note(r, "tool-choice", "The system is invoked with `tool_choice=required`.\nYou MUST call tools in "
+                                         "the next message.");
+    else if (o->tool_choice && !strcmp(o->tool_choice, "none"))
+        k3_system_note(r, "tool-choice", "The system is invoked with `tool_choice=none`.\nYou MUST NOT call any tools "
+                                         "in the next message.");
+    static const char RAW_JSON[] = "Your response must be raw JSON data without markdown code blocks (```json) or any "
+                                   "additional formatting.";
+    if (o->response_format && !strcmp(o->response_format, "json_object")) {
+        k3_system_note(r, "response-format", "The system is invoked with `response_format=json_object`.\n" "Your "
+                                             "response must be raw JSON data without markdown code blocks (```json) "
+                                             "or any additional formatting.");
+    } else if (o->response_format && !strcmp(o->response_format, "json_schema")) {
+        char *j = k3_sorted_json(r, o->response_schema ? o->response_schema : "null", "response schema");
+        if (j) {
+            size_t len = strlen(j) + 400;
+            char *body = xmalloc(len);
+            snprintf(body, len, "The system is invoked with `response_format=json_schema`.\n%s\nThe JSON data must "
+                                "match the following schema:\n```json\n%s\n```", RAW_JSON, j);
+            k3_system_note(r, "response-format", body);
+            free(body);
+            free(j);
         }
     }
     if (o->add_generation_prompt) {
@@ -157,16 +303,45 @@ static void k2_turn(render *r, const char *role_token, const char *role, const c
     r_text(r, body);
 }
 
+/* `<|tool_calls_section_begin|>` + each call + `<|tool_calls_section_end|>`; calls without an id get
+ * functions.NAME:IDX with IDX counting every call of the conversation, as the K2 templates number them. */
+static void k2_tool_calls(render *r, const chat_message_tools *m, int *counter) {
+    r_special(r, "<|tool_calls_section_begin|>");
+    for (int k = 0; k < m->n_tool_calls; k++) {
+        const chat_tool_call *c = &m->tool_calls[k];
+        r_special(r, "<|tool_call_begin|>");
+        if (c->id && *c->id) {
+            r_text(r, c->id);
+        } else {
+            size_t len = strlen(c->name ? c->name : "") + 40;
+            char *id = xmalloc(len);
+            snprintf(id, len, "functions.%s:%d", c->name ? c->name : "", *counter);
+            r_text(r, id);
+            free(id);
+        }
+        (*counter)++;
+        r_special(r, "<|tool_call_argument_begin|>");
+        r_text(r, c->arguments && *c->arguments ? c->arguments : "{}");
+        r_special(r, "<|tool_call_end|>");
+    }
+    r_special(r, "<|tool_calls_section_end|>");
+}
+
 static int k2_render(render *r, const chat_message *msgs, int n, const chat_opts *o) {
-    int last_user = -1;
+    int last_user = -1, calls = 0;
     for (int i = 0; i < n; i++)
         if (!strcmp(msgs[i].role, "user")) last_user = i;
+    if (o->tools_json) {
+        k2_turn(r, "<|im_system|>", "tool_declare", o->tools_json);
+        r_special(r, "<|im_end|>");
+    }
     if (n == 0 || strcmp(msgs[0].role, "system")) {
         k2_turn(r, "<|im_system|>", "system", K2_DEFAULT_SYSTEM);
         r_special(r, "<|im_end|>");
     }
     for (int i = 0; i < n && !r->rc; i++) {
         const chat_message *m = &msgs[i];
+        const chat_message_tools *mt = o->msg_tools ? &o->msg_tools[i] : NULL;
         if (!strcmp(m->role, "system") || !strcmp(m->role, "user")) {
             k2_turn(r, m->role[0] == 's' ? "<|im_system|>" : "<|im_user|>", m->role, m->content);
         } else if (!strcmp(m->role, "assistant")) {
@@ -177,9 +352,15 @@ static int k2_render(render *r, const chat_message *msgs, int n, const chat_opts
                 k2_marker(r, "</think>");
             }
             r_text(r, m->content);
+            if (mt && mt->n_tool_calls) k2_tool_calls(r, mt, &calls);
+        } else if (!strcmp(m->role, "tool")) {
+            k2_turn(r, "<|im_system|>", "tool", "## Return of ");
+            r_text(r, mt ? mt->tool_call_id : NULL);
+            r_text(r, "\n");
+            r_text(r, m->content);
         } else {
-            df_error_set(r->err, DF_EUNSUPPORTED, "message %d: role '%s' is not supported (system, user, assistant)",
-                         i, m->role);
+            df_error_set(r->err, DF_EUNSUPPORTED,
+                         "message %d: role '%s' is not supported (system, user, assistant, tool)", i, m->role);
             return DF_EUNSUPPORTED;
         }
         r_special(r, "<|im_end|>");

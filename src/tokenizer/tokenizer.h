@@ -75,16 +75,35 @@ int utf8_valid_len(const uint8_t *p, size_t n);
 /* ---- chat formats ---- */
 typedef enum { CHAT_K2 = 1, CHAT_K3 = 2 } chat_format;
 
+typedef struct chat_tool_call {
+    const char *id;                 /* K2 renders it verbatim (functions.NAME:IDX); NULL: made up */
+    const char *name;
+    const char *arguments;          /* JSON text */
+} chat_tool_call;
+
 typedef struct chat_message {
-    const char *role;               /* system | user | assistant (K3 also: developer → system) */
+    const char *role;               /* system | user | assistant | tool (K3 also: developer → system) */
     const char *content;
     const char *reasoning_content;  /* assistant only; may be NULL */
 } chat_message;
+
+/* The tool parts of a message (chat_opts.msg_tools has one per message). */
+typedef struct chat_message_tools {
+    const chat_tool_call *tool_calls;   /* assistant */
+    int n_tool_calls;
+    const char *tool_call_id;       /* tool: the call it answers */
+    const char *name;               /* tool: the function's name (K3; else found from tool_call_id) */
+} chat_message_tools;
 
 typedef struct chat_opts {
     int add_generation_prompt;
     int thinking;                   /* K3: think channel + thinking-effort message; K2: <think> blocks */
     const char *effort;             /* K3: low | high | max (NULL = max) */
+    const char *tools_json;         /* the OpenAI tools array as JSON; NULL: no tools declared */
+    const char *tool_choice;        /* K3: "required" or "none" add the template's note; else NULL */
+    const char *response_format;    /* K3: "json_object" or "json_schema" add the template's note */
+    const char *response_schema;    /* json_schema: the schema as JSON */
+    const chat_message_tools *msg_tools;   /* NULL, or one entry per message */
 } chat_opts;
 
 void chat_opts_default(chat_opts *o);   /* generation prompt on, thinking on, effort max */

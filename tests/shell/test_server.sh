@@ -19,7 +19,8 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     echo "not ok - node and npm are needed (scripts/install-deps.sh installs them)"
     exit 1
 fi
-if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules/playwright-core ]; then
+if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules/playwright-core ] ||
+   [ ! -d tests/server/node_modules/ajv-formats ]; then
     (cd tests/server && npm ci --no-audit --no-fund >"$tmp/npm.log" 2>&1) || {
         tail -n 20 "$tmp/npm.log"
         echo "not ok - npm ci in tests/server"
@@ -78,7 +79,7 @@ else
     echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
 fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web; do
+for t in openai errors web tools json_schema; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"

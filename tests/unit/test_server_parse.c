@@ -65,14 +65,14 @@ int main(void) {
 
     refused("{", SRV_EP_CHAT, 400, "", "malformed JSON");
     refused("[1]", SRV_EP_CHAT, 400, "", "non-object body");
-    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[]}", SRV_EP_CHAT, 400, "tools",
-            "unknown field");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"functions\":[]}", SRV_EP_CHAT, 400,
+            "functions", "unknown field");
     refused("{\"messages\":[]}", SRV_EP_CHAT, 400, "messages", "empty messages");
     refused("{\"model\":\"tiny\"}", SRV_EP_CHAT, 400, "messages", "missing messages");
     refused("{\"prompt\":\"x\",\"model\":\"gpt-4\"}", SRV_EP_COMPLETIONS, 404, "model", "wrong model");
     refused("{\"messages\":\"hi\"}", SRV_EP_CHAT, 400, "messages", "messages of the wrong type");
-    refused("{\"messages\":[{\"role\":\"tool\",\"content\":\"x\"}]}", SRV_EP_CHAT, 400, "messages[0].role",
-            "tool role");
+    refused("{\"messages\":[{\"role\":\"function\",\"content\":\"x\"}]}", SRV_EP_CHAT, 400, "messages[0].role",
+            "function role");
     refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\",\"image_url\":{}}]}]}",
             SRV_EP_CHAT, 400, "messages[0].content[0].image_url", "image part");
     refused("{\"messages\":[{\"role\":\"user\",\"content\":[{\"type\":\"image_url\"}]}]}", SRV_EP_CHAT, 400,
@@ -117,7 +117,7 @@ int main(void) {
                     "\"text\":\"hi\",\"cache_control\":{}}],\"tool_calls\":null,\"extra\":1}],\"tools\":[],"
                     "\"stream_options\":{\"include_usage\":true},\"top_logprobs\":2,\"n\":3,\"store\":true}",
                     SRV_EP_CHAT, &r, &e);
-    CHECK(rc == 0 && r.ignored && !strcmp(r.ignored, "messages[0].extra,messages[0].content[0].cache_control,tools,store") &&
+    CHECK(rc == 0 && r.ignored && !strcmp(r.ignored, "messages[0].extra,messages[0].content[0].cache_control,store") &&
               !strcmp(r.model, "gpt-4o") && r.n == 3 && !r.include_usage && !r.sp.n_top_logprobs,
           "lenient: unknown fields ignored and listed (%s), other model names, n = 3 (%s)", r.ignored, e.msg);
     srv_request_free(&r);
@@ -142,6 +142,40 @@ int main(void) {
     CHECK(guard_json_values(j1, strlen(j1), 100) == 6 && guard_json_values("", 0, 100) == 0 &&
               guard_json_values("[1,2,3,4,5,6,7,8]", 17, 3) <= 5,
           "JSON value count: commas and colons outside strings (%lld)", guard_json_values(j1, strlen(j1), 100));
+    /* tools and constrained output */
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"},{\"role\":\"assistant\",\"content\":null,"
+               "\"tool_calls\":[{\"id\":\"functions.f:0\",\"type\":\"function\",\"function\":{\"name\":\"f\","
+               "\"arguments\":\"{\\\"a\\\":1}\"}}]},{\"role\":\"tool\",\"tool_call_id\":\"functions.f:0\","
+               "\"content\":\"42\"}],\"tools\":[{\"type\":\"function\",\"function\":{\"name\":\"f\",\"parameters\":"
+               "{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"integer\"}}}}}],\"tool_choice\":{\"type\":"
+               "\"function\",\"function\":{\"name\":\"f\"}},\"parallel_tool_calls\":false,\"response_format\":"
+               "{\"type\":\"json_schema\",\"json_schema\":{\"name\":\"x\",\"schema\":{\"type\":\"integer\"}}}}",
+               SRV_EP_CHAT, &r, &e);
+    CHECK(rc == 0 && r.n_tools == 1 && !strcmp(r.tools[0].name, "f") && strstr(r.tools[0].parameters, "integer") &&
+              r.tool_choice == SRV_TOOLS_NAMED && !strcmp(r.tool_choice_name, "f") && r.parallel_tool_calls == -1 &&
+              r.response_format == SRV_FORMAT_JSON_SCHEMA && !strcmp(r.response_schema, "{\"type\":\"integer\"}") &&
+              r.msgs[1].n_tool_calls == 1 && !strcmp(r.msgs[1].tool_calls[0].arguments, "{\"a\":1}") &&
+              !strcmp(r.msgs[2].tool_call_id, "functions.f:0") && r.tools_json && r.tools_json[0] == '[',
+          "tools, tool_choice, parallel_tool_calls, response_format, tool_calls and tool messages parsed (%s)", e.msg);
+    srv_request_free(&r);
+    rc = parse("{\"messages\":[{\"role\":\"user\",\"content\":\"hi\"}],\"tools\":[],\"tool_choice\":null,"
+               "\"response_format\":{\"type\":\"text\"}}", SRV_EP_CHAT, &r, &e);
+    CHECK(rc == 0 && !r.n_tools && !r.tools_json && r.response_format == SRV_FORMAT_TEXT, "empty tools, text format");
+    srv_request_free(&r);
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\","
+            "\"function\":{\"name\":\"a b\"}}]}", SRV_EP_CHAT, 400, "tools[0].function.name", "bad function name");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tool_choice\":\"required\"}", SRV_EP_CHAT, 400,
+            "tool_choice", "required without tools");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"tools\":[{\"type\":\"function\",\"function\":"
+            "{\"name\":\"f\",\"parameters\":{\"type\":\"object\",\"properties\":{\"a\":{\"type\":\"string\","
+            "\"pattern\":\"x\"}}}}}],\"tool_choice\":\"required\"}", SRV_EP_CHAT, 400, "tools[0].function.parameters",
+            "forced call with an unsupported schema");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"json_schema\","
+            "\"json_schema\":{\"schema\":{\"type\":\"object\",\"required\":[\"z\"]}}}}", SRV_EP_CHAT, 400,
+            "response_format.json_schema.schema", "schema with an unknown required key");
+    refused("{\"messages\":[{\"role\":\"user\",\"content\":\"x\"}],\"response_format\":{\"type\":\"yaml\"}}",
+            SRV_EP_CHAT, 400, "response_format.type", "unknown response format");
+    refused("{\"prompt\":\"x\",\"tools\":[]}", SRV_EP_COMPLETIONS, 400, "tools", "tools on completions");
 
     text_buf b = {0};
     srv_err_set(&e, 400, "invalid_request_error", "unknown_parameter", "tools", "Unrecognized: %s", "tools");
