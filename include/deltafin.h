@@ -128,7 +128,7 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 int df_session_truncate(df_session *s, int64_t pos, df_error *err);
 /* Bytes a session of this engine holds once it has consumed n_tokens (recurrent state, convolution tails,
  * the attention cache as it grows, its token history and last logits): what a server reserves per
- * conversation so that sessions count in the memory budget. */
+ * conversation so that sessions count in the memory budget. A rollback record (below) comes on top. */
 uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
  * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the

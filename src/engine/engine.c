@@ -287,10 +287,8 @@ uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
     for (int i = 0; i < c->n_layers; i++) {
         if (c->mixer[i] == MIXER_KDA) {
             uint64_t pk = (uint64_t)c->kda_heads * c->kda_dim;
-            uint64_t state = (uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1;
-            /* and the rollback record at its default size: a copy of the state, the recurrence's inputs per row */
-            uint64_t record = state + (uint64_t)MODEL_RECORD_ROWS * (6 * pk + (uint64_t)c->kda_heads);
-            bytes += (state + record) * sizeof(float);
+            bytes += ((uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1) *
+                     sizeof(float);
         } else {
             bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
         }

@@ -98,6 +98,7 @@ static int slots_init(srv *s, df_error *err) {
     for (int i = 0; i < n; i++) {
         int rc = df_session_init(&s->slots[i].sess, s->eng, err);
         if (rc) return rc;
+        df_session_set_rollback_rows(s->slots[i].sess, 0);   /* slots never go back within a pass */
         s->slots[i].logits = xmalloc((size_t)s->info->vocab_size * sizeof(float));
         s->slots[i].reserved = fixed;
     }
