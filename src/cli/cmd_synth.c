@@ -1,5 +1,5 @@
 /* cmd_synth.c — `deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR`: writes a checkpoint
- * with the real tensor names, shapes, dtypes and shard layout of the family (SPEC §2.1, §2.2, §4.5) but N
+ * with the real tensor names, shapes, dtypes and shard layout of the family but N
  * decoder layers (layer 0 dense, the rest MoE) and E routed experts per layer, filled with random values of
  * sane scale (every byte written: no sparse files), plus config.json and the shard index. K3: one shard for
  * the top-level tensors and layer 0, then one shard per MoE layer holding its experts as contiguous spans

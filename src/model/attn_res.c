@@ -1,4 +1,4 @@
-/* attn_res.c — Block Attention Residuals (SPEC §3.9): a softmax over depth whose keys are the RMS-normed
+/* attn_res.c — Block Attention Residuals: a softmax over depth whose keys are the RMS-normed
  * candidate vectors, whose single query is w_norm ⊙ w_proj, and whose values are the raw candidates. It
  * never mixes tokens, so decode needs no extra cache. */
 #include <math.h>

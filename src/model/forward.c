@@ -312,7 +312,7 @@ static int layer_plain(df_fwd *f, pass_segs *s, float *h, int T, fwd_scratch *sc
     return DF_OK;
 }
 
-/* Block attention residuals (SPEC §3.9). blocks holds nb [T, d] block vectors; p is the running partial
+/* Block attention residuals. blocks holds nb [T, d] block vectors; p is the running partial
  * block; *p_empty says the previous block was just closed (p = None in the spec). */
 typedef struct {
     float **blocks;

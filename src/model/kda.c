@@ -1,4 +1,4 @@
-/* kda.c — Kimi Delta Attention (SPEC §3.4): projections, causal short conv with rolling state, decay gate
+/* kda.c — Kimi Delta Attention: projections, causal short conv with rolling state, decay gate
  * (softplus form, or K3's lower-bounded sigmoid form), beta, L2-normalised q/k, the gated delta rule in
  * fp32 token by token, gated RMSNorm and the output projection. */
 #include <math.h>

@@ -1,4 +1,4 @@
-/* mla.c — Multi-head Latent Attention without RoPE (SPEC §3.5), in the absorbed form: the cache keeps only
+/* mla.c — Multi-head Latent Attention without RoPE, in the absorbed form: the cache keeps only
  * the post-norm latent c (Lc) and the shared raw key part r (Nr) of each position; queries are mapped into
  * the latent space by W_UK, attention runs over latents, and W_UV maps the result back per head. The same
  * code serves prefill (T > 1, causal within the batch) and decode (T = 1); in a pass over several sessions
@@ -9,7 +9,7 @@
 #include "layer.h"
 #include "common/util.h"
 
-#define MLA_LATENT_EPS 1e-6f   /* q_a_layernorm / kv_a_layernorm use the RMSNorm default (SPEC §3.1) */
+#define MLA_LATENT_EPS 1e-6f   /* q_a_layernorm / kv_a_layernorm use the RMSNorm default */
 
 typedef struct {
     const df_tensor *q, *qa, *qb, *kva, *kvb, *g, *o;

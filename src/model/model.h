@@ -13,7 +13,7 @@ typedef struct df_model {
     df_config cfg;
     df_store *store;           /* borrowed */
     df_kern *kern;             /* borrowed */
-    int alog_per_channel;      /* SPEC §8.1 alternative reading of K3's A_log; off by default */
+    int alog_per_channel;      /* alternative per-channel reading of K3's A_log; off by default */
     const char *dir;           /* for messages */
     df_profile prof;           /* accumulated phase times; spine_compute is derived at read time */
 } df_model;

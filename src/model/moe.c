@@ -1,5 +1,5 @@
 /* moe.c — feed-forward blocks: the dense GLU FFN (SwiGLU or K3's SiTU-GLU), shared experts, and the
- * routed MoE (SPEC §3.6, §3.10): sigmoid router, correction bias for selection only, group-limited top-k,
+ * routed MoE: sigmoid router, correction bias for selection only, group-limited top-k,
  * renormalisation and scaling, optional latent down/up projections with RMSNorm. Experts are applied
  * expert-major: each selected expert's weights are traversed once for all tokens of the batch routed to
  * it, in the order storage delivers them. */

@@ -1,4 +1,4 @@
-/* int8_spine.h — the int8 spine sidecar (issue 4): per-row absmax int8 copies of a checkpoint's large spine
+/* int8_spine.h — the int8 spine sidecar: per-row absmax int8 copies of a checkpoint's large spine
  * matrices, written beside it by `deltafin quantize --spine int8` and used by storage when asked to.
  *
  * File format: ordinary safetensors, spine-int8.safetensors (or spine-int8-NNNNN-of-NNNNN.safetensors shards

@@ -393,7 +393,7 @@ static void store_item_init(df_store *st, store_item *it, const char *key, store
     else store_align_view(st, &it->view, r.t->elem_size);
 }
 
-/* Checkpoints saved by HF transformers name the dense FFN "block_sparse_moe.*_proj" (SPEC §2.1 quirk). */
+/* Checkpoints saved by HF transformers name the dense FFN "block_sparse_moe.*_proj". */
 static void store_layer_aliases(df_store_layer *l) {
     static const char *const alias[3][2] = {
         {"mlp.gate_proj.weight", "block_sparse_moe.gate_proj.weight"},
@@ -484,7 +484,7 @@ static int store_build_tables(df_store *st, const store_refs *refs, int cfg_laye
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* The int8 spine (issue 4; format in int8_spine.h). With opts.spine_int8, every spine item whose checkpoint
+/* The int8 spine (format in int8_spine.h). With opts.spine_int8, every spine item whose checkpoint
  * tensor has an int8 copy in the sidecar points at that copy instead: one byte range holding the fp16 row
  * scales then the int8 rows, which the mapping, the memory plan and spine streaming then size, read and place
  * like any other tensor (store_item_place splits it into scale and data). */

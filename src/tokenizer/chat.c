@@ -1,4 +1,4 @@
-/* chat.c — chat prompt rendering (Kimi K3 "XTML" and the Kimi-Linear/K2 template, SPEC §5), tool declarations,
+/* chat.c — chat prompt rendering (Kimi K3 "XTML" and the Kimi-Linear/K2 template), tool declarations,
  * calls and results included, and the streaming splitter that separates the assistant's reasoning from its
  * answer in generated ids. */
 #include <jansson.h>

@@ -1,4 +1,4 @@
-/* tokenizer.h — tiktoken-style byte-level BPE (the format and algorithm of Kimi's `tiktoken.model`, SPEC §5),
+/* tokenizer.h — tiktoken-style byte-level BPE (the format and algorithm of Kimi's `tiktoken.model`),
  * the incremental UTF-8 decoder used while streaming, and the chat formats (Kimi K3 XTML, Kimi-Linear/K2)
  * with the splitter that routes generated text to reasoning_content vs content.
  *

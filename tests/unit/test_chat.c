@@ -1,5 +1,5 @@
-/* test_chat.c — golden prompt ids for the K3 XTML and Kimi-Linear/K2 chat formats, written out by hand from
- * SPEC §5 on byte-level test vocabularies (tests/tokenizer/tiny_k3, tiny_k2: text bytes are their own ids,
+/* test_chat.c — golden prompt ids for the K3 XTML and Kimi-Linear/K2 chat formats, written out by hand
+ * on byte-level test vocabularies (tests/tokenizer/tiny_k3, tiny_k2: text bytes are their own ids,
  * specials sit at 257 + (Kimi id − 163584)), and the reasoning/answer splitter on generated ids. */
 #include <stdlib.h>
 #include <string.h>

@@ -1,4 +1,4 @@
-/* test_io.c — the local read source and the look-ahead path of issue 5: O_DIRECT reads through the pread
+/* test_io.c — the local read source and the look-ahead path: O_DIRECT reads through the pread
  * loop and io_uring place every byte where the placement rule says (unaligned ranges, ranges spanning many
  * 1 MiB requests and more than one ring's worth of them), a read past the end is an error naming the file;
  * the DELTAFIN_TEST_NO_DIRECT hook reaches both buffered fallbacks (O_DIRECT refused at open and at read) and

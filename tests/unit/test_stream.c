@@ -1,4 +1,4 @@
-/* test_stream.c — expert streaming (issue 5): logits through a cache so small it evicts constantly, with
+/* test_stream.c — expert streaming: logits through a cache so small it evicts constantly, with
  * every layer's spine streamed, with O_DIRECT and with the buffered fallback, are bit-identical to the default
  * path on every fixture; a prefill batch reads each expert it needs once per layer; concurrent requests for
  * one expert share one read; a corrupt or truncated shard fails naming the expert; a budget too small for

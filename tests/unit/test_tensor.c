@@ -1,10 +1,10 @@
-/* test_tensor.c — dtype conversions and the MXFP4 worked example of SPEC §4.4. */
+/* test_tensor.c — dtype conversions and the MXFP4 worked example of the format. */
 #include <math.h>
 #include "test.h"
 #include "common/tensor.h"
 
 int main(void) {
-    /* SPEC §4.4: scale 0x7E, bytes 0x2F 0x90 0x77 → -3.0 0.5 0.0 -0.25 3.0 3.0 */
+    /* scale 0x7E, bytes 0x2F 0x90 0x77 → -3.0 0.5 0.0 -0.25 3.0 3.0 */
     uint8_t packed[16] = {0x2F, 0x90, 0x77};
     uint8_t scale[1] = {0x7E};
     df_tensor t = {.name = "w", .dtype = DF_DT_MXFP4, .ndim = 2, .shape = {1, 32}, .data = packed, .scale = scale};
