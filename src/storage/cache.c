@@ -3,8 +3,10 @@
 #include "cache.h"
 
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "../common/util.h"
 #include "policy.h"
@@ -48,7 +50,26 @@ struct ecache {
     int64_t *warm_keys;  /* experts to warm, hottest first; read one at a time into empty slots */
     int warm_n, warm_next, warm_busy;
     ecache_stats st;
+    pthread_t populate;  /* faults the bank's pages in ahead of use (ec_populate) */
+    int populating;      /* the thread was started */
+    atomic_int populate_stop;
 };
+
+#define EC_POPULATE_CHUNK ((size_t)64 << 20)
+
+/* A fresh anonymous page costs the kernel a zeroing on first touch, and the first touch of a slot is the read
+ * into it: on the I/O path, in the middle of a token, competing with compute for the CPU. Faulting the bank in
+ * from a background thread at open moves that cost to the start, when the disk probe, the prompt or an idle
+ * server leaves the CPU spare. MADV_POPULATE_WRITE leaves pages already in place untouched, so it is safe
+ * beside reads that have started; where the kernel lacks it (before 5.14) the pages fault in on use as before. */
+static void *ec_populate(void *arg) {
+    ecache *c = arg;
+    size_t n = (size_t)c->n_slots * c->slot_bytes;
+    for (size_t at = 0; at < n && !atomic_load(&c->populate_stop); at += EC_POPULATE_CHUNK)
+        if (madvise(c->mem + at, n - at < EC_POPULATE_CHUNK ? n - at : EC_POPULATE_CHUNK, MADV_POPULATE_WRITE))
+            break;
+    return NULL;
+}
 
 static int64_t ec_key(const ecache *c, int layer, int e) { return c->base[layer] + e; }
 
@@ -78,11 +99,15 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
     c->st.slots = n_slots;
     c->st.slot_bytes = slot_bytes;
     c->pol = policy_new(POLICY_DEFAULT, n_slots, n_layers, c->base);
+    atomic_init(&c->populate_stop, 0);
+    c->populating = !pthread_create(&c->populate, NULL, ec_populate, c);
     return c;
 }
 
 void ecache_free(ecache *c) {
     if (!c) return;
+    atomic_store(&c->populate_stop, 1);
+    if (c->populating) pthread_join(c->populate, NULL);
     pthread_mutex_lock(&c->mu);
     c->warm_n = c->warm_next;   /* no further warming reads */
     while (c->loading) pthread_cond_wait(&c->cv, &c->mu);
