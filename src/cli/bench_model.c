@@ -351,7 +351,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     uint64_t la_req = r->s2.lookahead_requests - r->s1.lookahead_requests;
     double recall = la_req ? (double)(r->s2.lookahead_recalled - r->s1.lookahead_recalled) / (double)la_req : 0;
     double la_loads = (double)(r->s2.lookahead_loads - r->s1.lookahead_loads);
-    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads;
+    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
+             pre_guess = r->s1.lookahead_loads - r->s0.lookahead_loads;
     double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
@@ -360,9 +361,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                r->passes, r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
         printf("\"parallel\":%d,\"tokens_per_stream\":%d,\"aggregate_tokens_per_s\":%.4f,\"disk_bytes_per_pass\":%.0f,"
                "\"io_floor_s_per_pass\":%.6f,\"prefill_chunks\":%d,\"prefill_rows_per_pass\":%d,"
-               "\"prefill_expert_requests\":%llu,\"session_bytes\":%llu,", r->parallel, r->n, agg, disk / passes,
-               disk / passes / (r->disk_gbps * 1e9), r->prefill_passes, r->prefill_rows,
-               (unsigned long long)r->prefill_asked, (unsigned long long)r->session_bytes);
+               "\"prefill_expert_requests\":%llu,\"prefill_lookahead_loads\":%llu,\"session_bytes\":%llu,", r->parallel,
+               r->n, agg, disk / passes, disk / passes / (r->disk_gbps * 1e9), r->prefill_passes, r->prefill_rows,
+               (unsigned long long)r->prefill_asked, (unsigned long long)pre_guess, (unsigned long long)r->session_bytes);
         if (r->prefill_unique >= 0) printf("\"prefill_unique_experts\":%lld,", (long long)r->prefill_unique);
         else printf("\"prefill_unique_experts\":null,");
         printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
@@ -428,7 +429,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                    (int64_t)pre_loads == r->prefill_unique ? "==" : (int64_t)pre_loads < r->prefill_unique ? "<" : ">");
         else
             printf("an unknown number of unique (layer, expert) pairs (routing trace unreadable)");
-        printf(" (per-pass unions summed: %llu)\n", (unsigned long long)r->prefill_asked);
+        printf(" (%llu of the reads started by look-ahead guesses; per-pass unions summed: %llu)\n", (unsigned long long)pre_guess,
+               (unsigned long long)r->prefill_asked);
     } else {
         printf("prefill: %d tokens in %.2f s (inside the speculative decode; its reads are not counted here)\n",
                r->prompt, r->prefill_s);
@@ -632,7 +634,7 @@ int bench_model(int argc, char **argv) {
         tok_ids_free(&br.tokens);
     } else if (!rc) {
         struct stat sb;
-        int64_t trace_from = !stat(opts.trace_routing, &sb) ? (int64_t)sb.st_size : 0;
+        int64_t trace_from = opts.trace_routing && !stat(opts.trace_routing, &sb) ? (int64_t)sb.st_size : 0;
         r.prefill_rows = prefill_rows ? prefill_rows : bench_pass_rows(eng);
         df_engine_stats(eng, &r.s0);
         double t0 = df_now();
@@ -642,8 +644,9 @@ int bench_model(int argc, char **argv) {
         df_engine_profile_reset(eng);
         r.prefill_asked = r.s1.expert_requests - r.s0.expert_requests;
         uint64_t traced = 0;
-        r.prefill_unique = bench_trace_unique(opts.trace_routing, trace_from, &traced);
+        r.prefill_unique = opts.trace_routing ? bench_trace_unique(opts.trace_routing, trace_from, &traced) : -1;
         if (traced != r.prefill_asked) r.prefill_unique = -1;   /* not this prefill's records alone */
+        if (r.prefill_unique < 0 && r.prefill_passes == 1) r.prefill_unique = (int64_t)r.prefill_asked;
     }
     double t1 = df_now();
     for (int i = 0; !rc && !spec_path && i < n; i++) {
