@@ -295,7 +295,8 @@ static int argmax(const float *v, int n) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--parallel S] [--json] [--threads N] [storage options]\n"
+    fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--parallel S] [--json] [--threads N]\n"
+               "                      [storage options]\n"
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
                "  breakdown, disk bytes per token, cache hit rate, read GB/s, the I/O floor, the compute-only time\n"
                "  and s/token / max(floor, compute-only)\n"
@@ -351,8 +352,12 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     uint64_t la_req = r->s2.lookahead_requests - r->s1.lookahead_requests;
     double recall = la_req ? (double)(r->s2.lookahead_recalled - r->s1.lookahead_recalled) / (double)la_req : 0;
     double la_loads = (double)(r->s2.lookahead_loads - r->s1.lookahead_loads);
-    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
-             pre_guess = r->s1.lookahead_loads - r->s0.lookahead_loads;
+    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes;
+    uint64_t pre_loads = r->s1.expert_loads - r->s0.expert_loads;
+    uint64_t pre_guess = r->s1.lookahead_loads - r->s0.lookahead_loads;
+    double ebpt = (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / gen;
+    double sbpt = (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / gen;
+    double read_gbps = r->decode_s > 0 ? disk / r->decode_s / 1e9 : 0;
     double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
@@ -361,12 +366,14 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                r->passes, r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
         printf("\"parallel\":%d,\"tokens_per_stream\":%d,\"aggregate_tokens_per_s\":%.4f,\"disk_bytes_per_pass\":%.0f,"
                "\"io_floor_s_per_pass\":%.6f,\"prefill_chunks\":%d,\"prefill_rows_per_pass\":%d,"
-               "\"prefill_expert_requests\":%llu,\"prefill_lookahead_loads\":%llu,\"session_bytes\":%llu,", r->parallel,
-               r->n, agg, disk / passes, disk / passes / (r->disk_gbps * 1e9), r->prefill_passes, r->prefill_rows,
-               (unsigned long long)r->prefill_asked, (unsigned long long)pre_guess, (unsigned long long)r->session_bytes);
+               "\"prefill_expert_requests\":%llu,\"prefill_lookahead_loads\":%llu,\"session_bytes\":%llu,",
+               r->parallel, r->n, agg, disk / passes, disk / passes / (r->disk_gbps * 1e9), r->prefill_passes,
+               r->prefill_rows, (unsigned long long)r->prefill_asked, (unsigned long long)pre_guess,
+               (unsigned long long)r->session_bytes);
         if (r->prefill_unique >= 0) printf("\"prefill_unique_experts\":%lld,", (long long)r->prefill_unique);
         else printf("\"prefill_unique_experts\":null,");
-        printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
+        printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,"
+               "\"io_floor_s_per_token\":%.6f,"
                "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
@@ -377,13 +384,13 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
-               r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns, r->rerun_same ? "true" : "false",
-               la_mode, bpt, (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / gen,
-               (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / gen, r->disk_gbps, spt > 0 ? disk / r->decode_s / 1e9 : 0,
-               hit, (unsigned long long)r->rss_peak, (unsigned long long)r->s2.mem_budget, r->s2.cache_slots,
+               r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
+               r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, read_gbps, hit,
+               (unsigned long long)r->rss_peak, (unsigned long long)r->s2.mem_budget, r->s2.cache_slots,
                r->s2.streamed_layers, r->prefill_s, (unsigned long long)pre_exp, (unsigned long long)pre_loads,
-               r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n, r->prof.expert_read / n,
-               r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
+               r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
+               r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
+               other > 0 ? other : 0);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
         printf("],\"generated_streams\":[");
         for (int k = 0; k < r->parallel; k++) {
@@ -429,8 +436,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                    (int64_t)pre_loads == r->prefill_unique ? "==" : (int64_t)pre_loads < r->prefill_unique ? "<" : ">");
         else
             printf("an unknown number of unique (layer, expert) pairs (routing trace unreadable)");
-        printf(" (%llu of the reads started by look-ahead guesses; per-pass unions summed: %llu)\n", (unsigned long long)pre_guess,
-               (unsigned long long)r->prefill_asked);
+        printf(" (%llu of the reads started by look-ahead guesses; per-pass unions summed: %llu)\n",
+               (unsigned long long)pre_guess, (unsigned long long)r->prefill_asked);
     } else {
         printf("prefill: %d tokens in %.2f s (inside the speculative decode; its reads are not counted here)\n",
                r->prompt, r->prefill_s);
@@ -448,11 +455,10 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         printf("  compute-only: the last %s again from its saved state, best of %d: %.3f s wall - read waits, "
                "%.2f GB read in that run%s; logits %s the timed run's\n", r->parallel > 1 ? "pass" : "token",
                r->reruns, r->compute_wall_s, r->compute_disk_bytes / 1e9,
-               r->compute_disk_bytes ? " (not everything fit the cache)" : "", r->rerun_same ? "identical to" : "DIFFER from");
+               r->compute_disk_bytes ? " (not everything fit the cache)" : "",
+               r->rerun_same ? "identical to" : "DIFFER from");
     printf("  disk %.2f GB/%s (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
-           r->parallel > 1 ? "generated token" : "token", (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / gen / 1e9,
-           (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / gen / 1e9, r->decode_s > 0 ? disk / r->decode_s / 1e9 : 0,
-           100 * hit);
+           r->parallel > 1 ? "generated token" : "token", ebpt / 1e9, sbpt / 1e9, read_gbps, 100 * hit);
     printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token", r->prof.spine_read / n,
            r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
@@ -508,7 +514,8 @@ static int bench_rerun(df_engine *eng, bench_streams *b, const int32_t *tok, int
 }
 
 int bench_model(int argc, char **argv) {
-    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS, OPT_PROMPTS, OPT_KIND, OPT_PARALLEL, OPT_PREFILL_ROWS };
+    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS, OPT_PROMPTS, OPT_KIND, OPT_PARALLEL,
+           OPT_PREFILL_ROWS };
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, OPT_JSON}, {"prompt", 1, 0, OPT_PROMPT},
                                        {"threads", 1, 0, 't'}, {"probe-gb", 1, 0, OPT_PROBE}, {"help", 0, 0, 'h'},
                                        {"reruns", 1, 0, OPT_RERUNS}, {"prompts", 1, 0, OPT_PROMPTS},
