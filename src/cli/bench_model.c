@@ -1,14 +1,17 @@
-/* bench_model.c — `deltafin bench -m DIR [-n N] [--json]`: the decode benchmark of the streaming engine.
+/* bench_model.c — `deltafin bench -m DIR [-n N] [--parallel S] [--json]`: the decode benchmark of the streaming
+ * engine.
  *
  * In one run it measures the disk (O_DIRECT reads of the model's own shards through the engine's own reader, in
  * a few patterns of parallel readers and request sizes — among them the engine's expert reads themselves:
  * random expert spans, as many in flight as it has I/O threads — before decoding, and the best pattern again
- * after; the best rate seen is the disk's bandwidth), prefills a short prompt (reporting the expert bytes that
- * prefill read against the unique experts it needed), then decodes N tokens greedily and reports s/token, where
- * the time went (df_engine_profile), bytes read from disk per token, the cache hit rate, the read rate
- * achieved, the peak resident set, the I/O floor (bytes that had to come from disk / the measured disk
- * bandwidth), the compute-only time (the last token evaluated again from a copy of the state taken before it,
- * its experts now cached, minus any read wait left) and floor_ratio = s/token / max(floor, compute-only). */
+ * after; the best rate seen is the disk's bandwidth), prefills S short prompts (reporting the expert reads that
+ * prefill made against the unique (layer, expert) pairs it needed, and in how many passes), then decodes N
+ * tokens greedily in each of the S streams, one forward pass per step (bench_streams.c), and reports s/token
+ * per stream, the aggregate tokens/s, where the time went (df_engine_profile), bytes read from disk per pass and
+ * per generated token, the cache hit rate, the read rate achieved, the peak resident set, the I/O floor (bytes
+ * that had to come from disk / the measured disk bandwidth), the compute-only time (the last pass evaluated
+ * again from a copy of the states taken before it, its experts now cached, minus any read wait left) and
+ * floor_ratio = s/token / max(floor, compute-only), both per pass. */
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
@@ -20,6 +23,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "bench_spec.h"
+#include "bench_streams.h"
 #include "cli.h"
 #include "cli_opts.h"
 #include "common/util.h"
@@ -30,6 +34,7 @@
 #define PROBE_PATTERNS 8
 #define BENCH_RERUNS 3
 #define PROBE_MAX_SHARDS 4096
+#define BENCH_MAX_STREAMS 256
 
 /* One way of reading the disk: the engine's own reader (io.h source of this kind, on an I/O pool of this many
  * threads) issuing requests of this size, as it does for spine pieces and expert spans. reread: over the
@@ -290,10 +295,16 @@ static int argmax(const float *v, int n) {
 }
 
 static void usage(FILE *f) {
-    fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--json] [--threads N] [storage options]\n"
+    fprintf(f, "usage: deltafin bench -m DIR [-n N] [--prompt T] [--parallel S] [--json] [--threads N]\n"
+               "                      [storage options]\n"
                "  decodes N tokens (default 8) after a T-token prompt (default 8) and reports s/token, its\n"
                "  breakdown, disk bytes per token, cache hit rate, read GB/s, the I/O floor, the compute-only time\n"
                "  and s/token / max(floor, compute-only)\n"
+               "  --parallel S      S independent streams (different prompts), decoded together: one forward\n"
+               "                    pass per step with one row per stream (default 1); reports the aggregate\n"
+               "                    tokens/s, s/token per stream, and disk bytes and I/O floor per pass and per\n"
+               "                    generated token\n"
+               "  --prefill-rows R  rows per prefill pass (default: from the memory budget, as the server)\n"
                "  --probe-gb G      GB read by each disk probe pattern (default 1.5)\n"
                "  --reruns R        compute-only time: the last token re-run R times with its experts cached\n"
                "                    (default 3; 0 skips it)\n"
@@ -306,7 +317,12 @@ static void usage(FILE *f) {
 }
 
 typedef struct bench_result {
-    int n, prompt, lookahead;
+    int n, prompt, lookahead;           /* n: tokens per stream */
+    int parallel;                       /* streams decoded together */
+    int prefill_passes, prefill_rows;   /* passes the prompts took, of at most this many rows */
+    int64_t prefill_unique;             /* (layer, expert) pairs the prefill needed; -1: unknown */
+    uint64_t prefill_asked;             /* the passes' per-layer unions summed (storage's expert requests) */
+    uint64_t session_bytes;             /* what the streams' sessions hold (saved copies included) */
     double prefill_s, decode_s, disk_gbps;
     double compute_s, compute_wall_s;   /* best re-run of the last token: wall minus read waits, and wall */
     uint64_t compute_disk_bytes;        /* read during that re-run (0 when everything was cached) */
@@ -317,49 +333,71 @@ typedef struct bench_result {
     uint64_t rss_peak;
     df_stats s0, s1, s2;     /* after open, after prefill, after decode */
     df_profile prof;
-    int32_t *tokens;
+    int32_t *tokens;                    /* [parallel][n] */
     int passes, drafted, accepted;
     const char *spec;        /* speculation mode */
 } bench_result;
 
+/* Per stream (= per pass when not speculating): s/token, compute-only, breakdown. Per generated token (all
+ * streams together): disk bytes, io_floor_s_per_token. The floor a stream's token is held to is the pass's:
+ * the floor per generated token times the streams. */
 static void print_result(const bench_result *r, int json, const char *dir) {
-    double n = r->n;
+    double n = r->n, streams = r->parallel, gen = n * streams, passes = r->passes ? r->passes : 1;
     uint64_t disk = r->s2.disk_bytes - r->s1.disk_bytes, hits = r->s2.expert_hits - r->s1.expert_hits,
              miss = r->s2.expert_misses - r->s1.expert_misses;
-    double spt = r->decode_s / n, bpt = disk / n, floor = bpt / (r->disk_gbps * 1e9);
+    double spt = r->decode_s / n, bpt = disk / gen, floor = bpt / (r->disk_gbps * 1e9), floor_stream = floor * streams;
+    double agg = r->decode_s > 0 ? gen / r->decode_s : 0;
     double hit = hits + miss ? (double)hits / (double)(hits + miss) : 1.0;
     double other = spt - r->prof.total / n;
     uint64_t la_req = r->s2.lookahead_requests - r->s1.lookahead_requests;
     double recall = la_req ? (double)(r->s2.lookahead_recalled - r->s1.lookahead_recalled) / (double)la_req : 0;
     double la_loads = (double)(r->s2.lookahead_loads - r->s1.lookahead_loads);
-    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes, pre_loads = r->s1.expert_loads - r->s0.expert_loads,
-             pre_req = r->s1.expert_requests - r->s0.expert_requests;
-    double bound = DF_MAX(floor, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
+    uint64_t pre_exp = r->s1.expert_disk_bytes - r->s0.expert_disk_bytes;
+    uint64_t pre_loads = r->s1.expert_loads - r->s0.expert_loads;
+    uint64_t pre_guess = r->s1.lookahead_loads - r->s0.lookahead_loads;
+    double ebpt = (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / gen;
+    double sbpt = (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / gen;
+    double read_gbps = r->decode_s > 0 ? disk / r->decode_s / 1e9 : 0;
+    double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
     if (json) {
         printf("{\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
-               r->passes, r->passes ? n / r->passes : 0, r->drafted, r->accepted);
-        printf("\"model\":\"%s\",\"tokens\":%d,\"prompt_tokens\":%d,\"s_per_token\":%.6f,\"io_floor_s_per_token\":%.6f,"
+               r->passes, r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
+        printf("\"parallel\":%d,\"tokens_per_stream\":%d,\"aggregate_tokens_per_s\":%.4f,\"disk_bytes_per_pass\":%.0f,"
+               "\"io_floor_s_per_pass\":%.6f,\"prefill_chunks\":%d,\"prefill_rows_per_pass\":%d,"
+               "\"prefill_expert_requests\":%llu,\"prefill_lookahead_loads\":%llu,\"session_bytes\":%llu,",
+               r->parallel, r->n, agg, disk / passes, disk / passes / (r->disk_gbps * 1e9), r->prefill_passes,
+               r->prefill_rows, (unsigned long long)r->prefill_asked, (unsigned long long)pre_guess,
+               (unsigned long long)r->session_bytes);
+        if (r->prefill_unique >= 0) printf("\"prefill_unique_experts\":%lld,", (long long)r->prefill_unique);
+        else printf("\"prefill_unique_experts\":null,");
+        printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,"
+               "\"io_floor_s_per_token\":%.6f,"
                "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
-               "\"prefill_unique_experts\":%llu,\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
+               "\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
-               dir, r->n, r->prompt, spt, floor, r->compute_s, ratio, floor > 0 ? spt / floor : 0, r->compute_wall_s,
-               (unsigned long long)r->compute_disk_bytes, r->reruns, r->rerun_same ? "true" : "false",
-               la_mode, bpt,
-               (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n, (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n,
-               r->disk_gbps, spt > 0 ? bpt / spt / 1e9 : 0, hit, (unsigned long long)r->rss_peak,
-               (unsigned long long)r->s2.mem_budget, r->s2.cache_slots, r->s2.streamed_layers, r->prefill_s,
-               (unsigned long long)pre_exp, (unsigned long long)pre_loads, (unsigned long long)pre_req,
-               r->s2.io_uring ? "uring" : "pread", recall, la_loads / n, r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,
-               r->prof.expert_compute / n, other > 0 ? other : 0);
+               dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
+               r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
+               r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, read_gbps, hit,
+               (unsigned long long)r->rss_peak, (unsigned long long)r->s2.mem_budget, r->s2.cache_slots,
+               r->s2.streamed_layers, r->prefill_s, (unsigned long long)pre_exp, (unsigned long long)pre_loads,
+               r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
+               r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
+               other > 0 ? other : 0);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
+        printf("],\"generated_streams\":[");
+        for (int k = 0; k < r->parallel; k++) {
+            printf("%s[", k ? "," : "");
+            for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[(size_t)k * r->n + i]);
+            printf("]");
+        }
         printf("],\"disk_probe\":[");
         for (int i = 0; i <= PROBE_PATTERNS; i++)
             printf("%s{\"pattern\":\"%s%s\",\"gbps\":%.4f}", i ? "," : "",
@@ -378,36 +416,58 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     }
     printf("model %s\n", dir);
     printf("memory: budget %.2f GiB; spine %s (%d layers streamed, %.2f GiB resident, %.2f GiB stream buffers); "
-           "expert cache %d slots (%.2f GiB)\n", r->s2.mem_budget / 1073741824.0,
+           "expert cache %d slots (%.2f GiB); %d session%s %.2f MiB\n", r->s2.mem_budget / 1073741824.0,
            r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers,
            r->s2.resident_spine_bytes / 1073741824.0, r->s2.stream_buffer_bytes / 1073741824.0, r->s2.cache_slots,
-           r->s2.cache_bytes / 1073741824.0);
+           r->s2.cache_bytes / 1073741824.0, r->parallel, r->parallel > 1 ? "s" : "", r->session_bytes / 1048576.0);
     printf("disk: %.2f GB/s O_DIRECT, best of:", r->disk_gbps);
     for (int i = 0; i <= PROBE_PATTERNS; i++)
         printf("%s %s%s %.2f", i ? ";" : "", probe_patterns[i < PROBE_PATTERNS ? i : probe_best(&r->probe)].name,
                i < PROBE_PATTERNS ? "" : " (after decoding)", r->probe.gbps[i]);
     printf(" (%.2f GB probed)\nreader: %s\n", r->probe.bytes / 1e9, r->s2.io_uring ? "io_uring" : "pread pool");
-    printf("prefill: %d tokens in %.2f s; experts read %llu (%.2f GB) for %llu unique (layer, expert) needed\n",
-           r->prompt, r->prefill_s, (unsigned long long)pre_loads, pre_exp / 1e9, (unsigned long long)pre_req);
-    printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (%.2f GB/token at %.2f GB/s); compute-only %.3f "
-           "s/token; s/token / max(floor, compute) = %.2f\n", r->n, spt, floor, bpt / 1e9, r->disk_gbps, r->compute_s,
-           ratio);
+    if (r->prefill_passes) {
+        printf("prefill: %d tokens", r->prompt);
+        if (r->parallel > 1) printf(" x %d streams", r->parallel);
+        printf(" in %.2f s, %d pass%s of up to %d rows; experts read %llu (%.2f GB) for ", r->prefill_s,
+               r->prefill_passes, r->prefill_passes > 1 ? "es" : "", r->prefill_rows, (unsigned long long)pre_loads,
+               pre_exp / 1e9);
+        if (r->prefill_unique >= 0)
+            printf("%lld unique (layer, expert) needed: reads %s unique pairs", (long long)r->prefill_unique,
+                   (int64_t)pre_loads == r->prefill_unique ? "==" : (int64_t)pre_loads < r->prefill_unique ? "<" : ">");
+        else
+            printf("an unknown number of unique (layer, expert) pairs (routing trace unreadable)");
+        printf(" (%llu of the reads started by look-ahead guesses; per-pass unions summed: %llu)\n",
+               (unsigned long long)pre_guess, (unsigned long long)r->prefill_asked);
+    } else {
+        printf("prefill: %d tokens in %.2f s (inside the speculative decode; its reads are not counted here)\n",
+               r->prompt, r->prefill_s);
+    }
+    if (r->parallel > 1)
+        printf("decode: %d streams x %d tokens, %d passes: %.3f s/token per stream, %.3f tokens/s aggregate; I/O floor "
+               "%.3f s/pass (%.2f GB/pass at %.2f GB/s), %.3f s/generated token; compute-only %.3f s/pass; "
+               "s/token / max(floor, compute) = %.2f\n", r->parallel, r->n, r->passes, spt, agg, floor_stream,
+               disk / passes / 1e9, r->disk_gbps, floor, r->compute_s, ratio);
+    else
+        printf("decode: %d tokens, %.3f s/token; I/O floor %.3f s/token (%.2f GB/token at %.2f GB/s); compute-only "
+               "%.3f s/token; s/token / max(floor, compute) = %.2f\n", r->n, spt, floor, bpt / 1e9, r->disk_gbps,
+               r->compute_s, ratio);
     if (r->reruns)
-        printf("  compute-only: the last token again from its saved state, best of %d: %.3f s wall - read waits, "
-               "%.2f GB read in that run%s; logits %s the timed run's\n", r->reruns, r->compute_wall_s,
-               r->compute_disk_bytes / 1e9, r->compute_disk_bytes ? " (not everything fit the cache)" : "",
+        printf("  compute-only: the last %s again from its saved state, best of %d: %.3f s wall - read waits, "
+               "%.2f GB read in that run%s; logits %s the timed run's\n", r->parallel > 1 ? "pass" : "token",
+               r->reruns, r->compute_wall_s, r->compute_disk_bytes / 1e9,
+               r->compute_disk_bytes ? " (not everything fit the cache)" : "",
                r->rerun_same ? "identical to" : "DIFFER from");
-    printf("  disk %.2f GB/token (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
-           (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / n / 1e9,
-           (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / n / 1e9, spt > 0 ? bpt / spt / 1e9 : 0, 100 * hit);
-    printf("  per token: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
-           "expert compute %.3f s, other %.3f s\n", r->prof.spine_read / n, r->prof.expert_read / n,
-           r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n, other > 0 ? other : 0);
+    printf("  disk %.2f GB/%s (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
+           r->parallel > 1 ? "generated token" : "token", ebpt / 1e9, sbpt / 1e9, read_gbps, 100 * hit);
+    printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
+           "expert compute %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token", r->prof.spine_read / n,
+           r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
+           other > 0 ? other : 0);
     printf("  speculation %s: %d passes, %.2f tokens/pass, drafted %d, accepted %d\n", r->spec, r->passes,
-           r->passes ? n / r->passes : 0, r->drafted, r->accepted);
+           r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
     if (r->s2.lookahead_requests || la_loads) {
-        printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/token\n  ",
-               la_mode, 100 * recall, la_loads / n);
+        printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/%s\n  ", la_mode,
+               100 * recall, la_loads / gen, r->parallel > 1 ? "generated token" : "token");
         for (int l = 0, k = 0; l < r->n_layers; l++)
             if (r->la[l].requests || r->la[l].loads)
                 printf("%s L%d %.0f%%%s", k++ ? "," : "recall per layer (* = guesses read at the end):", l,
@@ -418,34 +478,35 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  peak RSS %.2f GiB\n", r->rss_peak / 1073741824.0);
 }
 
-/* The compute-only time: the last decode token evaluated again, `reruns` times, from the state saved before
- * it, so its experts are the ones just read (cached, if the cache holds one token's experts); each run's wall
+/* The compute-only time: the last decode pass evaluated again, `reruns` times, from the states saved before
+ * it, so its experts are the ones just read (cached, if the cache holds one pass's experts); each run's wall
  * time minus whatever it still waited for reads (a streamed spine is re-read every pass), the best run kept.
- * Its logits must equal the timed run's (want). */
-static int bench_rerun(df_engine *eng, df_session *s, const df_session *saved, int32_t tok, const float *want, int V,
-                       int reruns, bench_result *r, df_error *err) {
-    float *got = xmalloc((size_t)V * sizeof(float));
+ * Its logits must equal the timed run's (b->logits, after that pass; tok: its tokens). */
+static int bench_rerun(df_engine *eng, bench_streams *b, const int32_t *tok, int reruns, bench_result *r,
+                       df_error *err) {
+    size_t nl = (size_t)b->n * (size_t)b->vocab;
+    float *got = xmalloc(nl * sizeof(float));
     int rc = DF_OK;
     r->rerun_same = 1;
     for (int k = 0; !rc && k < reruns; k++) {
-        rc = df_session_copy(s, saved, err);
-        df_stats a, b;
+        rc = bench_streams_restore(b, err);
+        df_stats a, c;
         df_profile pp;
         df_engine_profile_reset(eng);
         df_engine_stats(eng, &a);
         double t = df_now();
-        if (!rc) rc = df_session_eval(s, &tok, 1, got, 0, err);
+        if (!rc) rc = bench_streams_eval(b, tok, got, err);
         double wall = df_now() - t;
         if (rc) break;
         df_engine_profile(eng, &pp);
-        df_engine_stats(eng, &b);
+        df_engine_stats(eng, &c);
         double comp = DF_MAX(0.0, wall - pp.spine_read - pp.expert_read);
         if (!k || comp < r->compute_s) {
             r->compute_s = comp;
             r->compute_wall_s = wall;
-            r->compute_disk_bytes = b.disk_bytes - a.disk_bytes;
+            r->compute_disk_bytes = c.disk_bytes - a.disk_bytes;
         }
-        r->rerun_same &= !memcmp(got, want, (size_t)V * sizeof(float));
+        r->rerun_same &= !memcmp(got, b->logits, nl * sizeof(float));
         r->reruns++;
     }
     free(got);
@@ -453,14 +514,17 @@ static int bench_rerun(df_engine *eng, df_session *s, const df_session *saved, i
 }
 
 int bench_model(int argc, char **argv) {
-    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS, OPT_PROMPTS, OPT_KIND };
+    enum { OPT_JSON = 0x2000, OPT_PROMPT, OPT_PROBE, OPT_RERUNS, OPT_PROMPTS, OPT_KIND, OPT_PARALLEL,
+           OPT_PREFILL_ROWS };
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"json", 0, 0, OPT_JSON}, {"prompt", 1, 0, OPT_PROMPT},
                                        {"threads", 1, 0, 't'}, {"probe-gb", 1, 0, OPT_PROBE}, {"help", 0, 0, 'h'},
                                        {"reruns", 1, 0, OPT_RERUNS}, {"prompts", 1, 0, OPT_PROMPTS},
-                                       {"kind", 1, 0, OPT_KIND}, CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
+                                       {"kind", 1, 0, OPT_KIND}, {"parallel", 1, 0, OPT_PARALLEL},
+                                       {"prefill-rows", 1, 0, OPT_PREFILL_ROWS}, CLI_STORAGE_LONGOPTS,
+                                       CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
     df_engine_opts opts;
     df_engine_opts_default(&opts);
-    int json = 0, c, n = 8, prompt = 8, reruns = BENCH_RERUNS;
+    int json = 0, c, n = 8, prompt = 8, reruns = BENCH_RERUNS, parallel = 1, prefill_rows = 0;
     double probe_gb = 1.5;
     bench_spec_args sa = {0};
     spec_opts_default(&sa.spec);
@@ -482,6 +546,15 @@ int bench_model(int argc, char **argv) {
         case OPT_PROMPT: prompt = atoi(optarg); break;
         case OPT_PROBE: probe_gb = atof(optarg); break;
         case OPT_RERUNS: reruns = atoi(optarg); break;
+        case OPT_PARALLEL:
+        case OPT_PREFILL_ROWS: {
+            long v;
+            if (cli_parse_int(c == OPT_PARALLEL ? "--parallel" : "--prefill-rows", optarg, 1,
+                              c == OPT_PARALLEL ? BENCH_MAX_STREAMS : 1 << 20, &v) < 0)
+                return 2;
+            *(c == OPT_PARALLEL ? &parallel : &prefill_rows) = (int)v;
+            break;
+        }
         default: usage(c == 'h' ? stdout : stderr); return c == 'h' ? 0 : 2;
         }
     }
@@ -498,9 +571,14 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
-    bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead, .passes = n,
-                      .spec = spec_mode_name(sa.spec.mode)};
     int spec_path = sa.spec.mode != SPEC_OFF || sa.prompts_path;
+    if (spec_path && (parallel > 1 || prefill_rows)) {
+        fprintf(stderr, "deltafin bench: --parallel and --prefill-rows measure the plain decode: they cannot be "
+                        "combined with --spec or --prompts\n");
+        return 2;
+    }
+    bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead, .passes = n, .parallel = parallel,
+                      .spec = spec_mode_name(sa.spec.mode)};
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
     int probe_rc = probe_init(&r.probe, opts.model_dir, perr, sizeof perr);
@@ -512,21 +590,28 @@ int bench_model(int argc, char **argv) {
         probe_free(&r.probe);
         return 1;
     }
+    /* The prefill's unique expert pairs come from the routing trace: the user's, or one of our own. */
+    char trace_tmp[64] = "";
+    if (!spec_path && !opts.trace_routing) {
+        const char *tmp = getenv("TMPDIR");
+        snprintf(trace_tmp, sizeof trace_tmp, "%s/deltafin-bench-routing-XXXXXX",
+                 tmp && *tmp && strlen(tmp) < 32 ? tmp : "/tmp");
+        int fd = mkstemp(trace_tmp);
+        if (fd >= 0) {
+            close(fd);
+            opts.trace_routing = trace_tmp;
+        } else {
+            trace_tmp[0] = 0;
+        }
+    }
     df_error err = {0};
     df_engine *eng = NULL;
-    df_session *s = NULL, *saved = NULL;
+    bench_streams b = {0};
     int rc = df_engine_open(&eng, &opts, &err);
-    if (!rc) rc = df_session_init(&s, eng, &err);
-    if (!rc && reruns) rc = df_session_init(&saved, eng, &err);
-    int V = rc ? 0 : df_engine_info(eng)->vocab_size;
-    float *logits = rc ? NULL : xmalloc((size_t)V * sizeof(float));
-    int32_t *ids = xmalloc(sizeof *ids * (size_t)(prompt > n ? prompt : n));
-    r.tokens = xmalloc(sizeof *r.tokens * (size_t)n);
-    uint64_t x = 88172645463325252ull;
-    for (int i = 0; i < prompt; i++) {   /* a fixed pseudo-random prompt, the same every run */
-        x ^= x << 13, x ^= x >> 7, x ^= x << 17;
-        ids[i] = V ? (int32_t)(x % (uint64_t)V) : 0;
-    }
+    if (!rc) rc = bench_streams_init(&b, eng, parallel, prompt, reruns && !spec_path, &err);
+    int V = rc ? 0 : b.vocab;
+    r.tokens = xmalloc(sizeof *r.tokens * (size_t)n * (size_t)parallel);
+    int32_t *step = xmalloc(sizeof *step * (size_t)parallel);
     bench_spec_result br = {0};
     if (!rc && spec_path) {   /* prefills happen inside: counters and profile cover the decode phases only */
         df_engine_stats(eng, &r.s0);
@@ -534,10 +619,10 @@ int bench_model(int argc, char **argv) {
         df_engine_profile_reset(eng);
         sa.model_dir = opts.model_dir;
         sa.spec.n_threads = opts.n_threads;
-        sa.random_prompt = ids;
+        sa.random_prompt = b.ids;
         sa.n_random = prompt;
         sa.n = n;
-        rc = bench_spec_decode(eng, s, &sa, &br, &err);
+        rc = bench_spec_decode(eng, b.s[0], &sa, &br, &err);
         if (!rc) {
             r.n = (int)br.tokens.n;
             r.tokens = xrealloc(r.tokens, sizeof *r.tokens * (br.tokens.n ? br.tokens.n : 1));
@@ -555,22 +640,31 @@ int bench_model(int argc, char **argv) {
         }
         tok_ids_free(&br.tokens);
     } else if (!rc) {
+        struct stat sb;
+        int64_t trace_from = opts.trace_routing && !stat(opts.trace_routing, &sb) ? (int64_t)sb.st_size : 0;
+        r.prefill_rows = prefill_rows ? prefill_rows : bench_pass_rows(eng);
         df_engine_stats(eng, &r.s0);
         double t0 = df_now();
-        rc = df_session_eval(s, ids, prompt, logits, 0, &err);
+        rc = bench_streams_prefill(&b, r.prefill_rows, &r.prefill_passes, &err);
         r.prefill_s = df_now() - t0;
         df_engine_stats(eng, &r.s1);
         df_engine_profile_reset(eng);
+        r.prefill_asked = r.s1.expert_requests - r.s0.expert_requests;
+        uint64_t traced = 0;
+        r.prefill_unique = opts.trace_routing ? bench_trace_unique(opts.trace_routing, trace_from, &traced) : -1;
+        if (traced != r.prefill_asked) r.prefill_unique = -1;   /* not this prefill's records alone */
+        if (r.prefill_unique < 0 && r.prefill_passes == 1) r.prefill_unique = (int64_t)r.prefill_asked;
     }
     double t1 = df_now();
     for (int i = 0; !rc && !spec_path && i < n; i++) {
-        r.tokens[i] = argmax(logits, V);
-        if (saved && i == n - 1) {   /* outside the timed loop's work only by a copy of the state */
+        for (int k = 0; k < parallel; k++)
+            step[k] = r.tokens[(size_t)k * n + i] = argmax(b.logits + (size_t)k * V, V);
+        if (b.saved && i == n - 1) {   /* outside the timed loop's work only by a copy of the states */
             double tc = df_now();
-            rc = df_session_copy(saved, s, &err);
+            rc = bench_streams_save(&b, &err);
             t1 += df_now() - tc;
         }
-        if (!rc) rc = df_session_eval(s, &r.tokens[i], 1, logits, 0, &err);
+        if (!rc) rc = bench_streams_eval(&b, step, b.logits, &err);
     }
     if (!spec_path) r.decode_s = df_now() - t1;
     if (!rc && !spec_path) {
@@ -581,13 +675,12 @@ int bench_model(int argc, char **argv) {
         r.la = xcalloc((size_t)r.n_layers + 1, sizeof *r.la);
         for (int l = 0; l < r.n_layers; l++) df_engine_lookahead_layer(eng, l, &r.la[l]);
     }
-    if (!rc && saved) rc = bench_rerun(eng, s, saved, r.tokens[n - 1], logits, V, reruns, &r, &err);
-    df_session_free(saved);
-    saved = NULL;
-    df_session_free(s);
+    if (!rc) r.session_bytes = bench_streams_memory(&b);
+    if (!rc && b.saved) rc = bench_rerun(eng, &b, step, reruns, &r, &err);
+    bench_streams_free(&b);
     df_engine_free(eng);   /* its memory goes back before the probe allocates buffers again */
-    s = NULL;
     eng = NULL;
+    if (trace_tmp[0]) unlink(trace_tmp);
     if (!rc) {
         r.probe.gbps[PROBE_PATTERNS] = probe_run(&r.probe, &probe_patterns[probe_best(&r.probe)], probe_limit, perr,
                                                  sizeof perr);
@@ -604,10 +697,7 @@ int bench_model(int argc, char **argv) {
     }
     probe_free(&r.probe);
     free(r.la);
-    free(ids);
+    free(step);
     free(r.tokens);
-    free(logits);
-    df_session_free(s);
-    df_engine_free(eng);
     return rc ? 1 : 0;
 }
