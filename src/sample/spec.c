@@ -225,7 +225,8 @@ static int best_k(const spec *sp, int src, int kmax, double *rate) {
  * since the last probe, stays under PROBE_SHARE of the time. */
 static int probe_due(const spec *sp, int src) {
     double t1 = pass_time(sp, sp->shared + 1), a = est_rate(&sp->est[src]);
-    double extra = pass_time(sp, sp->shared + 2) - t1 + (1 - a) * rollback_time(sp) + (src == SRC_MODEL ? sp->t_draft_tok : 0);
+    double extra = pass_time(sp, sp->shared + 2) - t1 + (1 - a) * rollback_time(sp) +
+                   (src == SRC_MODEL ? sp->t_draft_tok : 0);
     double gap = extra > 0 ? extra / (PROBE_SHARE * t1) : 0;
     return (double)sp->since_probe >= DF_MAX(gap, (double)PROBE_MIN_GAP);
 }

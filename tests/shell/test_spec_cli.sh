@@ -142,5 +142,6 @@ assert 0 < p < g - 4, (p, g)   # four answers, each one token from its prompt's 
 " "$metrics"; then
     echo "ok - serve --spec draft: usage and /metrics report drafted and accepted tokens, fewer passes than tokens"
 else
-    echo "not ok - serve speculation counters: $resp / $(grep -i 'draft\|accept\|passes\|generated' <<<"$metrics") / $(cat "$tmp/serve.log")"
+    echo "not ok - serve speculation counters: $resp / $(grep -i 'draft\|accept\|passes\|generated' <<<"$metrics")" \
+        "/ $(cat "$tmp/serve.log")"
 fi
