@@ -28,7 +28,8 @@ static void serve_usage(FILE *f) {
             "  --prompt-cache DIR  where prompt states are kept across restarts (default MODEL/.deltafin/kv)\n"
             "  --prompt-cache-max SIZE  its size cap (default 4G); --no-prompt-cache turns it off\n"
             "  --no-access-log   no line per request on stderr\n"
-            "storage options:\n" CLI_STORAGE_USAGE);
+            "speculative decoding (constrained answers, response_format or forced tool calls, never draft):\n"
+            CLI_SPEC_USAGE "storage options:\n" CLI_STORAGE_USAGE);
 }
 
 static int parse_int(const char *s, const char *flag, int lo, int hi, int *out) {
@@ -93,7 +94,7 @@ int cmd_serve(int argc, char **argv) {
         {"read-timeout", 1, 0, O_READTO}, {"max-conns-per-client", 1, 0, O_PERCLIENT},
         {"prompt-cache", 1, 0, O_PCACHE}, {"prompt-cache-max", 1, 0, O_PCACHE_MAX},
         {"no-prompt-cache", 0, 0, O_NO_PCACHE}, {"no-access-log", 0, 0, O_NO_LOG},
-        {"help", 0, 0, 'h'},   CLI_STORAGE_LONGOPTS, {0, 0, 0, 0}};
+        {"help", 0, 0, 'h'},   CLI_STORAGE_LONGOPTS, CLI_SPEC_LONGOPTS, {0, 0, 0, 0}};
     srv_opts o;
     srv_opts_default(&o);
     o.api_key = getenv("DELTAFIN_API_KEY");
@@ -102,12 +103,21 @@ int cmd_serve(int argc, char **argv) {
     df_engine_opts_default(&eo);
     eo.heat = DF_HEAT_ON;
     o.engine = &eo;
+    spec_opts spo;
+    spec_opts_default(&spo);
+    o.spec = &spo;
     char *file_key = NULL;
     int c, bad = 0;
     while ((c = getopt_long(argc, argv, "m:p:t:h", longopts, NULL)) != -1) {
         int so = cli_storage_opt(c, optarg, &eo);
         if (so < 0) return 2;
         if (so) continue;
+        int sp = cli_spec_opt(c, optarg, &spo);
+        if (sp < 0) {
+            free(file_key);
+            return 2;
+        }
+        if (sp) continue;
         switch (c) {
         case 'm': o.model_dir = optarg; break;
         case 'H': o.host = optarg; break;

@@ -94,51 +94,6 @@ static int gen_emit(gen_state *st, int32_t id, const sample_result *sr, gen_resu
     return ev.final ? EMIT_FINAL : EMIT_MORE;
 }
 
-/* A speculative pass: id (emitted, not evaluated) and drafts[0..k) evaluated as one batch; each draft is
- * checked against the token sampled from the row before it and emitted while they agree, then the session
- * goes back to the kept tokens. *next gets the token to emit after the pass (the model's own choice at the
- * first disagreement, or after the last draft); *emit_rc how the emitted drafts ended. */
-static int gen_spec_pass(df_session *s, gen_state *st, int32_t id, const int32_t *drafts, int k, float *rows,
-                         int32_t *next, sample_result *sr, gen_result *res, gen_event_fn cb, void *ctx, int *emit_rc,
-                         df_error *err) {
-    const gen_config *cfg = &st->cfg;
-    int n_vocab = st->n_vocab;
-    int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];
-    in[0] = id;
-    memcpy(in + 1, drafts, (size_t)k * sizeof(int32_t));
-    int64_t pos0 = df_session_pos(s);
-    double t0 = df_now();
-    int rc = df_session_eval(s, in, k + 1, rows, 1, err);
-    double t_eval = df_now() - t0;
-    if (rc) return rc;
-    res->passes++;
-    res->n_evaluated++;
-    int j = 0, accepted = 0;
-    res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
-    *emit_rc = EMIT_MORE;
-    for (; j < k; j++) {
-        int32_t t = gen_sample(st, rows + (size_t)j * n_vocab, cfg->max_tokens - (int)res->ids.n, sr);
-        if (t != drafts[j]) {
-            *next = t;
-            break;
-        }
-        accepted++;
-        res->accepted++;
-        *emit_rc = gen_emit(st, t, sr, res, cb, ctx);
-        if (*emit_rc) break;
-        res->n_evaluated++;
-    }
-    if (j == k) *next = gen_sample(st, rows + (size_t)k * n_vocab, cfg->max_tokens - (int)res->ids.n, sr);
-    double rollback = -1;
-    if (j < k) {   /* the session keeps id and the drafts before j */
-        t0 = df_now();
-        rc = df_session_truncate(s, pos0 + 1 + j, err);
-        rollback = df_now() - t0;
-    }
-    spec_observe(cfg->spec, k + 1, accepted, t_eval, rollback);
-    return rc;
-}
-
 gen_state *gen_state_new(const gen_config *cfg, int n_vocab) {
     DF_ASSERT(cfg->max_tokens > 0 && n_vocab > 0);
     gen_state *s = xcalloc(1, sizeof *s);
@@ -172,48 +127,72 @@ int gen_step(gen_state *s, float *logits, gen_event_fn cb, void *ctx, int32_t *n
     return e != EMIT_MORE;
 }
 
+int gen_step_rows(gen_state *s, float *rows, const int32_t *drafts, int k, gen_event_fn cb, void *ctx, int32_t *next,
+                  int *keep, int *accepted, gen_result *res) {
+    double t0 = df_now();
+    int n_vocab = s->n_vocab, e = EMIT_MORE, j = 0;
+    sample_result sr;
+    res->passes++;
+    res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
+    for (;; j++) {
+        int32_t t = gen_sample(s, rows + (size_t)j * n_vocab, s->cfg.max_tokens - (int)res->ids.n, &sr);
+        int is_draft = j < k && t == drafts[j];
+        res->accepted += is_draft;
+        e = gen_emit(s, t, &sr, res, cb, ctx);
+        *next = t;
+        if (e || !is_draft) {
+            *accepted = j + is_draft;
+            break;
+        }
+    }
+    /* the session keeps the first row's token and the drafts accepted before row j; the token sampled last
+     * (even a draft that ended the generation) is never kept: nobody needs its logits */
+    *keep = j + 1;
+    res->n_evaluated += *keep;
+    res->decode_s += df_now() - t0;
+    return e != EMIT_MORE;
+}
+
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err) {
     memset(res, 0, sizeof *res);
     gen_state *st = gen_state_new(cfg, n_vocab);
     int kmax = cfg->spec ? spec_draft_max(cfg->spec) : 0;
     float *rows = kmax ? xmalloc((size_t)(kmax + 1) * n_vocab * sizeof(float)) : NULL;
-    int32_t drafts[SPEC_DRAFT_MAX_LIMIT];
+    int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];
     double t0 = df_now();
     int rc = DF_OK;
-    sample_result sr;
-    int32_t id = gen_sample(st, logits, cfg->max_tokens, &sr);
-    for (;;) {
-        int e = gen_emit(st, id, &sr, res, cb, ctx);
+    int e = gen_step(st, logits, cb, ctx, &in[0], res);
+    while (!e) {
         int k = 0;
-        if (!e && cfg->spec) {
-            k = spec_propose(cfg->spec, s, id, cfg->max_tokens - (int)res->ids.n, drafts, err);
+        if (cfg->spec) {
+            k = spec_propose(cfg->spec, s, in[0], cfg->max_tokens - (int)res->ids.n, in + 1, err);
             if (k < 0) {
                 rc = k;
                 break;
             }
         }
-        if (!e && k) {
-            rc = gen_spec_pass(s, st, id, drafts, k, rows, &id, &sr, res, cb, ctx, &e, err);
-            if (!rc && !e) continue;
-        } else if (!e) {
-            double te = df_now();
-            rc = df_session_eval(s, &id, 1, logits, 0, err);
-            if (!rc) {
-                res->passes++;
-                res->n_evaluated++;
-                if (cfg->spec) spec_observe(cfg->spec, 1, 0, df_now() - te, -1);
-                id = gen_sample(st, logits, cfg->max_tokens - (int)res->ids.n, &sr);
-                continue;
-            }
+        int64_t pos0 = df_session_pos(s);
+        double te = df_now();
+        rc = df_session_eval(s, in, k + 1, k ? rows : logits, k > 0, err);
+        if (rc) break;
+        te = df_now() - te;
+        int keep, accepted;
+        e = gen_step_rows(st, k ? rows : logits, in + 1, k, cb, ctx, &in[0], &keep, &accepted, res);
+        double rollback = -1;
+        if (keep < k + 1) {   /* back to the kept tokens */
+            double tr = df_now();
+            rc = df_session_truncate(s, pos0 + keep, err);
+            rollback = df_now() - tr;
         }
-        if (e == EMIT_CANCELLED) {
-            df_error_set(err, DF_ECANCELLED, "generation cancelled");
-            rc = DF_ECANCELLED;
-        }
-        if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
-        break;
+        if (cfg->spec) spec_observe(cfg->spec, k + 1, accepted, te, rollback);
+        if (rc) break;
     }
+    if (!rc && res->finish == GEN_FINISH_CANCELLED) {
+        df_error_set(err, DF_ECANCELLED, "generation cancelled");
+        rc = DF_ECANCELLED;
+    }
+    if (rc == DF_ECANCELLED) res->finish = GEN_FINISH_CANCELLED;
     res->decode_s = df_now() - t0;
     free(rows);
     gen_state_free(st);

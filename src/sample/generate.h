@@ -74,5 +74,13 @@ void gen_state_free(gen_state *g);
  * evaluated and its logits passed to the next call, 1 when the generation ended (res->finish says how;
  * GEN_FINISH_CANCELLED when cb asked to stop). res accumulates over the calls (ids, finish). */
 int gen_step(gen_state *g, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res);
+/* After a pass (counted in res) that evaluated the last emitted token and k drafts behind it, rows holding
+ * the logits of its k + 1 rows: samples row by row, each through the constraint as without speculation,
+ * emitting the drafts while each equals what its row sampled and then the model's own token (so every
+ * token is reported on its own). Returns like gen_step; *keep gets how many of the pass's tokens the session
+ * must keep (the caller truncates it to the pass's start + *keep when that is below k + 1), *accepted the
+ * drafts emitted. k = 0 is a plain decode step from the one row's logits. */
+int gen_step_rows(gen_state *g, float *rows, const int32_t *drafts, int k, gen_event_fn cb, void *ctx, int32_t *next,
+                  int *keep, int *accepted, gen_result *res);
 
 #endif

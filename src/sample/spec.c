@@ -23,6 +23,7 @@
 #define GAIN_MIN 1.03             /* drafting must promise this much more tokens per second than a plain pass */
 #define PROBE_SHARE 0.01          /* probes may cost at most this fraction of the decoding time */
 #define PROBE_MIN_GAP 16          /* passes between probes, at least */
+#define T_ROWS 257                /* pass times are kept for passes of up to T_ROWS - 1 rows */
 
 typedef struct {
     double acc, rej;              /* decayed counts: drafts accepted, passes that ended in a rejection */
@@ -35,6 +36,7 @@ struct spec {
     int64_t max_ctx;
     /* draft model */
     df_engine *deng;
+    int owns_deng;                /* 0: shared with the spec it was made like */
     df_session *ds;               /* holds the context the drafts were last made from */
     df_session *dw;               /* scratch: ds plus the drafts being made */
     int64_t dmax_ctx;
@@ -42,7 +44,8 @@ struct spec {
     int32_t *ctx;
     int64_t ctx_cap;
     /* cost model */
-    double t_rows[SPEC_DRAFT_MAX_LIMIT + 2];   /* pass time by rows (EMA); 0 = not measured */
+    double t_rows[T_ROWS];        /* pass time by rows, all streams' (EMA); 0 = not measured */
+    int shared;                   /* rows other streams add to the pass (spec_set_shared_rows) */
     double t_rollback, t_draft_tok;            /* per rollback, per token the draft model makes */
     int n_rollback, n_draft_tok;
     accept_est est[N_SRC];
@@ -67,6 +70,19 @@ int spec_parse_mode(const char *s) {
 
 const char *spec_mode_name(spec_mode m) { return m >= SPEC_OFF && m <= SPEC_AUTO ? mode_names[m] : "?"; }
 
+/* Until measured: longer suffix matches predict better; the draft model gets an even chance. */
+static const accept_est accept_prior[N_SRC] = {{1, 3}, {1, 2}, {1, 1}, {2, 1}, {4, 1}, {1, 1}};
+
+/* The draft model's sessions (its engine open): one holding the context, one for drafting ahead. */
+static int draft_sessions_init(spec *sp, df_error *err) {
+    int rc = df_session_init(&sp->ds, sp->deng, err);
+    if (!rc) rc = df_session_init(&sp->dw, sp->deng, err);
+    if (rc) return rc;
+    sp->dmax_ctx = df_engine_info(sp->deng)->max_context;
+    sp->dlogits = xmalloc((size_t)sp->vocab * sizeof(float));
+    return DF_OK;
+}
+
 int spec_init(spec **out, const spec_opts *o, df_engine *target, df_error *err) {
     *out = NULL;
     if (o->mode == SPEC_DRAFT && !o->draft_dir) {
@@ -84,28 +100,43 @@ int spec_init(spec **out, const spec_opts *o, df_engine *target, df_error *err) 
     sp->vocab = df_engine_info(target)->vocab_size;
     sp->max_ctx = df_engine_info(target)->max_context;
     sp->last_src = -1;
-    /* until measured: longer suffix matches predict better; the draft model gets an even chance */
-    static const accept_est prior[N_SRC] = {{1, 3}, {1, 2}, {1, 1}, {2, 1}, {4, 1}, {1, 1}};
-    memcpy(sp->est, prior, sizeof prior);
+    memcpy(sp->est, accept_prior, sizeof accept_prior);
     if (o->draft_dir && o->mode != SPEC_OFF && o->mode != SPEC_NGRAM) {
         df_engine_opts eo;
         df_engine_opts_default(&eo);
         eo.model_dir = o->draft_dir;
         eo.n_threads = o->n_threads;
         int rc = df_engine_open(&sp->deng, &eo, err);
+        sp->owns_deng = !rc;
         if (!rc && df_engine_info(sp->deng)->vocab_size != sp->vocab) {
             df_error_set(err, DF_EINVAL, "draft model %s: vocabulary of %d tokens, the model has %d", o->draft_dir,
                          df_engine_info(sp->deng)->vocab_size, sp->vocab);
             rc = DF_EINVAL;
         }
-        if (!rc) rc = df_session_init(&sp->ds, sp->deng, err);
-        if (!rc) rc = df_session_init(&sp->dw, sp->deng, err);
+        if (!rc) rc = draft_sessions_init(sp, err);
         if (rc) {
             spec_free(sp);
             return rc;
         }
-        sp->dmax_ctx = df_engine_info(sp->deng)->max_context;
-        sp->dlogits = xmalloc((size_t)sp->vocab * sizeof(float));
+    }
+    *out = sp;
+    return DF_OK;
+}
+
+int spec_init_like(spec **out, const spec *base, df_error *err) {
+    *out = NULL;
+    spec *sp = xcalloc(1, sizeof *sp);
+    sp->o = base->o;
+    sp->target = base->target;
+    sp->vocab = base->vocab;
+    sp->max_ctx = base->max_ctx;
+    sp->last_src = -1;
+    memcpy(sp->est, accept_prior, sizeof accept_prior);
+    sp->deng = base->deng;
+    int rc = sp->deng ? draft_sessions_init(sp, err) : DF_OK;
+    if (rc) {
+        spec_free(sp);
+        return rc;
     }
     *out = sp;
     return DF_OK;
@@ -115,7 +146,7 @@ void spec_free(spec *sp) {
     if (!sp) return;
     df_session_free(sp->dw);
     df_session_free(sp->ds);
-    df_engine_free(sp->deng);
+    if (sp->owns_deng) df_engine_free(sp->deng);
     free(sp->dlogits);
     free(sp->ctx);
     free(sp);
@@ -124,6 +155,7 @@ void spec_free(spec *sp) {
 spec_mode spec_get_mode(const spec *sp) { return sp->o.mode; }
 int spec_draft_max(const spec *sp) { return sp->o.draft_max; }
 void spec_get_stats(const spec *sp, spec_stats *out) { *out = sp->st; }
+void spec_set_shared_rows(spec *sp, int rows) { sp->shared = DF_MAX(rows, 0); }
 
 int spec_ngram_match(const int32_t *t, int n, int max_len, int *len) {
     int best = 0, at = 0;
@@ -144,33 +176,43 @@ static int ngram_bucket(int len) { return len >= 8 ? 4 : len >= 4 ? 3 : len - 1;
 
 static double est_rate(const accept_est *e) { return e->acc / (e->acc + e->rej); }
 
-/* Until a rollback was measured it is assumed to cost a plain pass. */
-static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : sp->t_rows[1]; }
-
-/* Pass time with r rows: measured, else the one-row time plus the mean slope of the measured rows (a
- * quarter of a pass per row until some are measured). */
+/* Pass time with r rows: measured, else from the nearest measured row count below r (above it when none
+ * is) plus the mean slope of the other measured counts from there (a quarter of a pass per row until some
+ * are measured); 0 when nothing was measured yet. */
 static double pass_time(const spec *sp, int r) {
-    if (sp->t_rows[r] > 0) return sp->t_rows[r];
-    double t1 = sp->t_rows[1], slope = 0;
+    if (r < T_ROWS && sp->t_rows[r] > 0) return sp->t_rows[r];
+    int b = 0;
+    for (int i = DF_MIN(r, T_ROWS - 1); i >= 1 && !b; i--)
+        if (sp->t_rows[i] > 0) b = i;
+    for (int i = r + 1; i < T_ROWS && !b; i++)
+        if (sp->t_rows[i] > 0) b = i;
+    if (!b) return 0;
+    double tb = sp->t_rows[b], slope = 0;
     int n = 0;
-    for (int i = 2; i <= sp->o.draft_max + 1; i++)
-        if (sp->t_rows[i] > 0) {
-            slope += (sp->t_rows[i] - t1) / (i - 1);
+    for (int i = 1; i < T_ROWS; i++)
+        if (i != b && sp->t_rows[i] > 0) {
+            slope += (sp->t_rows[i] - tb) / (i - b);
             n++;
         }
-    return t1 + (n ? DF_MAX(slope / n, 0.0) : 0.25 * t1) * (r - 1);
+    slope = n ? DF_MAX(slope / n, 0.0) : 0.25 * tb / b;
+    double t = tb + slope * (r - b);
+    return r < b ? DF_MAX(t, tb * r / b) : t;
 }
 
-/* The best number of drafts (up to kmax) from a source, and the tokens per second it promises. */
+/* Until a rollback was measured it is assumed to cost a plain pass. */
+static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : pass_time(sp, 1); }
+
+/* The best number of drafts (up to kmax) from a source, and the tokens per second it promises. The pass
+ * also carries the shared rows of other streams, one token each, whose pace counts as much as this one's. */
 static int best_k(const spec *sp, int src, int kmax, double *rate) {
     double a = est_rate(&sp->est[src]), draft = src == SRC_MODEL ? sp->t_draft_tok : 0;
-    int best = 0;
-    *rate = 1.0 / pass_time(sp, 1);
+    int best = 0, b = sp->shared;
+    *rate = (b + 1) / pass_time(sp, b + 1);
     double ak = 1;
     for (int k = 1; k <= kmax; k++) {
         ak *= a;
-        double tokens = a < 1 ? (1 - ak * a) / (1 - a) : k + 1;
-        double cost = pass_time(sp, k + 1) + (1 - ak) * rollback_time(sp) + k * draft;
+        double tokens = b + (a < 1 ? (1 - ak * a) / (1 - a) : k + 1);
+        double cost = pass_time(sp, b + k + 1) + (1 - ak) * rollback_time(sp) + k * draft;
         if (tokens / cost > *rate * (best ? 1 : GAIN_MIN)) {
             *rate = tokens / cost;
             best = k;
@@ -182,8 +224,9 @@ static int best_k(const spec *sp, int src, int kmax, double *rate) {
 /* Whether a one-token probe of src is due: its expected extra cost over a plain pass, spread over the passes
  * since the last probe, stays under PROBE_SHARE of the time. */
 static int probe_due(const spec *sp, int src) {
-    double t1 = pass_time(sp, 1), a = est_rate(&sp->est[src]);
-    double extra = pass_time(sp, 2) - t1 + (1 - a) * rollback_time(sp) + (src == SRC_MODEL ? sp->t_draft_tok : 0);
+    double t1 = pass_time(sp, sp->shared + 1), a = est_rate(&sp->est[src]);
+    double extra = pass_time(sp, sp->shared + 2) - t1 + (1 - a) * rollback_time(sp) +
+                   (src == SRC_MODEL ? sp->t_draft_tok : 0);
     double gap = extra > 0 ? extra / (PROBE_SHARE * t1) : 0;
     return (double)sp->since_probe >= DF_MAX(gap, (double)PROBE_MIN_GAP);
 }
@@ -243,7 +286,7 @@ int spec_propose(spec *sp, df_session *target, int32_t next, int limit, int32_t 
         if (sp->deng) km = best_k(sp, SRC_MODEL, kmax, &rm);
         if (kn && (!km || rn >= rm)) src = bn, k = kn;
         else if (km) src = SRC_MODEL, k = km;
-        else if (sp->t_rows[1] > 0 && (len || sp->deng)) {
+        else if (pass_time(sp, 1) > 0 && (len || sp->deng)) {
             int ps = bn >= 0 ? bn : SRC_MODEL;   /* probe the source more likely to be accepted */
             if (bn >= 0 && sp->deng && est_rate(&sp->est[SRC_MODEL]) > est_rate(&sp->est[bn])) ps = SRC_MODEL;
             if (probe_due(sp, ps)) {
@@ -268,9 +311,14 @@ int spec_propose(spec *sp, df_session *target, int32_t next, int limit, int32_t 
 void spec_observe(spec *sp, int rows, int accepted, double eval_s, double rollback_s) {
     DF_ASSERT(rows >= 1 && rows <= SPEC_DRAFT_MAX_LIMIT + 1);
     sp->st.passes++;
-    sp->st.pass_s += eval_s;
-    double *t = &sp->t_rows[rows];
-    *t = *t > 0 ? *t + TIME_EMA * (eval_s - *t) : eval_s;
+    int all = rows + sp->shared;
+    if (eval_s >= 0) {
+        sp->st.pass_s += eval_s;
+        if (all < T_ROWS) {
+            double *t = &sp->t_rows[all];
+            *t = *t > 0 ? *t + TIME_EMA * (eval_s - *t) : eval_s;
+        }
+    }
     if (rollback_s >= 0) {
         sp->st.rollbacks++;
         sp->st.rollback_s += rollback_s;

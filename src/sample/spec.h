@@ -50,8 +50,14 @@ int spec_draft_max(const spec *sp);
  * tokens and then next (sampled, not yet evaluated) into drafts[]; returns how many (0: decode plainly). */
 int spec_propose(spec *sp, df_session *target, int32_t next, int limit, int32_t *drafts, df_error *err);
 /* The outcome of the pass after spec_propose: rows evaluated (drafts + 1), drafts accepted, the time of the
- * evaluation and of the rollback (0 when all were kept). */
+ * evaluation (< 0: unknown, e.g. a prompt slice shared the pass) and of the rollback (< 0: none). */
 void spec_observe(spec *sp, int rows, int accepted, double eval_s, double rollback_s);
+/* Several streams decoded in one pass (the server's slots): each has its own spec, made like a first one
+ * (same options; the draft model's engine is shared, its sessions are not; base must outlive it), and
+ * before spec_propose and spec_observe is told how many rows the other streams add to the pass, so that
+ * the cost model times whole passes and weighs drafts against every stream's pace. */
+int spec_init_like(spec **out, const spec *base, df_error *err);
+void spec_set_shared_rows(spec *sp, int rows);
 void spec_get_stats(const spec *sp, spec_stats *out);
 
 /* Longest earlier occurrence of a suffix of t[0..n): *len gets its length (at most max_len; 0 if none) and

@@ -46,6 +46,12 @@ void metrics_text(srv *s, text_buf *o) {
     metric(o, "deltafin_decode_seconds_total", "counter", "Time spent generating tokens.", m->decode_s);
     metric(o, "deltafin_seconds_per_token", "gauge", "Decode time per token of the last generation.",
            m->last_s_per_token);
+    metric(o, "deltafin_decode_passes_total", "counter",
+           "Verifier passes after the prompts, per answer (a pass shared by several answers counts for each).",
+           (double)m->decode_passes);
+    metric(o, "deltafin_drafted_tokens_total", "counter", "Tokens drafted by speculative decoding and verified.",
+           (double)m->drafted);
+    metric(o, "deltafin_accepted_tokens_total", "counter", "Drafted tokens the model kept.", (double)m->accepted);
     metric(o, "deltafin_time_to_first_token_seconds", "gauge",
            "Time from queueing to the first token of the last request (prefill or restored state).", m->last_ttft_s);
     metric(o, "deltafin_prompt_cache_restored_total", "counter", "Prompts whose prefix was restored from disk.",

@@ -158,8 +158,11 @@ void respond_sse_event(const srv *s, srv_job *j, int c, const gen_event *ev, tex
 static json_t *usage_json(const srv_job *j) {
     int gen = 0;
     for (int i = 0; i < j->n_choices; i++) gen += j->choices[i].n_gen;
-    return json_pack("{s:i,s:i,s:i,s:{s:i}}", "prompt_tokens", (int)j->prompt.n, "completion_tokens", gen,
-                     "total_tokens", (int)j->prompt.n + gen, "prompt_tokens_details", "cached_tokens", j->n_reused);
+    /* speculative decoding's drafts, in the fields OpenAI uses for predicted outputs */
+    return json_pack("{s:i,s:i,s:i,s:{s:i},s:{s:i,s:i}}", "prompt_tokens", (int)j->prompt.n, "completion_tokens",
+                     gen, "total_tokens", (int)j->prompt.n + gen, "prompt_tokens_details", "cached_tokens",
+                     j->n_reused, "completion_tokens_details", "accepted_prediction_tokens", j->accepted,
+                     "rejected_prediction_tokens", j->drafted - j->accepted);
 }
 
 void respond_sse_end(const srv *s, srv_job *j, text_buf *out) {

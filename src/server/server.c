@@ -54,8 +54,11 @@ static void srv_free(srv *s) {
     for (int i = 0; s->slots && i < s->n_slots; i++) {
         df_session_free(s->slots[i].sess);
         free(s->slots[i].logits);
+        spec_free(s->slots[i].spec);
+        free(s->slots[i].rows);
     }
     free(s->slots);
+    spec_free(s->spec);
     df_batch_free(s->batch);
     if (s->pcache) pcache_free(s->pcache);
     if (s->eng) df_engine_free(s->eng);
@@ -93,14 +96,24 @@ static int slots_init(srv *s, df_error *err) {
                      n, (unsigned long long)((n * fixed) >> 20), (unsigned long long)(s->slot_mem >> 20));
         return DF_ENOMEM;
     }
+    if (s->o.spec && s->o.spec->mode != SPEC_OFF) {
+        spec_opts so = *s->o.spec;
+        so.n_threads = s->o.n_threads;
+        int rc = spec_init(&s->spec, &so, s->eng, err);
+        if (rc) return rc;
+    }
     s->n_slots = n;
     s->slots = xcalloc((size_t)n, sizeof *s->slots);
     for (int i = 0; i < n; i++) {
-        int rc = df_session_init(&s->slots[i].sess, s->eng, err);
+        srv_slot *sl = &s->slots[i];
+        int rc = df_session_init(&sl->sess, s->eng, err);
+        if (!rc && s->spec) rc = spec_init_like(&sl->spec, s->spec, err);
         if (rc) return rc;
-        df_session_set_rollback_rows(s->slots[i].sess, 0);   /* slots never go back within a pass */
-        s->slots[i].logits = xmalloc((size_t)s->info->vocab_size * sizeof(float));
-        s->slots[i].reserved = fixed;
+        /* a slot goes back within a pass only to drop rejected drafts, so it keeps no more record than that */
+        df_session_set_rollback_rows(sl->sess, sl->spec ? spec_draft_max(sl->spec) + 1 : 0);
+        sl->logits = xmalloc((size_t)s->info->vocab_size * sizeof(float));
+        if (sl->spec) sl->rows = xmalloc((size_t)(spec_draft_max(sl->spec) + 1) * s->info->vocab_size * sizeof(float));
+        sl->reserved = fixed;
     }
     s->pass_rows = pass_rows_for(s);
     return df_batch_init(&s->batch, s->eng, err);

@@ -36,6 +36,7 @@ typedef struct srv_opts {
     uint64_t prompt_cache_max;      /* bytes on disk (default 4 GiB) */
     int prompt_cache_min;     /* prompts shorter than this are not cached (default 64 tokens) */
     const df_engine_opts *engine;   /* storage options etc. (model_dir, n_threads above win); NULL = defaults */
+    const struct spec_opts *spec;   /* speculative decoding (sample/spec.h); NULL = off */
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);

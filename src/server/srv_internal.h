@@ -10,6 +10,7 @@
 #include <stdint.h>
 #include "sample/generate.h"
 #include "sample/grammar.h"
+#include "sample/spec.h"
 #include "server/request.h"
 #include "server/server.h"
 #include "tokenizer/tokenizer.h"
@@ -23,6 +24,7 @@ typedef struct srv_metrics {
     uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled, conn_timeouts;
     uint64_t prompt_cache_restored, prompt_cache_saved;
     double prefill_s, decode_s, last_s_per_token, last_ttft_s;
+    uint64_t decode_passes, drafted, accepted;   /* summed over the answers: verifier passes, drafts */
     df_stats engine;   /* snapshot taken by the worker between evaluations */
 } srv_metrics;
 
@@ -59,6 +61,7 @@ typedef struct srv_job {
     srv_choice *choices;
     int n_prompt, n_reused, n_open;
     int context_capped;          /* max_tokens was cut to what the context has room for */
+    int drafted, accepted;       /* speculation, over all answers (final once done) */
     uint64_t state_need;         /* bytes of one slot's state for this request */
     double t_queued, t_first;    /* when it was queued; when its first token was ready (0 = not yet) */
     int cache_restored;          /* tokens restored from the prompt cache */
@@ -79,7 +82,12 @@ typedef struct srv_slot {
     slot_phase phase;
     int64_t at;                  /* prefill: next prompt index to evaluate */
     int64_t save_at;             /* prefill: save the state for the prompt cache at this index (0 = no) */
-    int32_t next;                /* decode: the token to evaluate */
+    int32_t in[SPEC_DRAFT_MAX_LIMIT + 1];   /* decode: the token to evaluate, then this pass's drafts */
+    int n_draft;                 /* drafts in this pass */
+    int64_t pass_pos;            /* the session's position before this pass */
+    struct spec *spec;           /* this slot's speculation (NULL: off) */
+    int drafting;                /* the answer may draft (no constraint on its tokens) */
+    float *rows;                 /* [draft_max + 1][vocab]: a drafting pass's logits */
     gen_state *gen;
     gen_result res;
     float *logits;               /* [vocab] */
@@ -121,6 +129,7 @@ struct srv {
     int pass_rows;               /* most rows one forward pass takes */
     df_batch *batch;
     struct prompt_cache *pcache; /* prompt states kept on disk; NULL when off */
+    struct spec *spec;           /* the slots' speculation is made like this one (it owns the draft model) */
     int n_parsing;               /* srv.mu: request bodies being parsed (bounded) */
     pthread_cond_t cv_parse;
     /* connection watch (http.c) */

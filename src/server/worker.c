@@ -285,6 +285,9 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
     double now = df_now();
     pthread_mutex_lock(&s->m.mu);
     s->m.generated_tokens += sl->res.ids.n;
+    s->m.decode_passes += (uint64_t)sl->res.passes;
+    s->m.drafted += (uint64_t)sl->res.drafted;
+    s->m.accepted += (uint64_t)sl->res.accepted;
     if (sl->choice == 0 && j->t_first > 0) {
         s->m.decode_s += now - j->t_first;
         if (sl->res.ids.n > 1) s->m.last_s_per_token = (now - j->t_first) / (double)(sl->res.ids.n - 1);
@@ -300,6 +303,8 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
     sl->phase = SLOT_IDLE;
     pthread_mutex_lock(&s->mu);
     sl->job = NULL;
+    j->drafted += sl->res.drafted;
+    j->accepted += sl->res.accepted;
     if (rc == DF_ECANCELLED || atomic_load(&j->cancel)) j->failed = 1;
     else if (rc) {
         if (!j->failed) {
@@ -343,15 +348,57 @@ static void slot_start_decode(srv *s, srv_slot *sl) {
                       .stop = (const char *const *)j->req.stop, .n_stop = j->req.n_stop, .sp = j->req.sp};
     cfg.sp.seed += (uint64_t)sl->choice;   /* n > 1: different samples from one seed */
     tools_gen_config(s, j, &cfg);
+    /* a constrained answer's rows are sampled under the constraint one by one: nothing to gain from drafts */
+    sl->drafting = sl->spec && !cfg.mask;
     sl->gen = gen_state_new(&cfg, s->info->vocab_size);
     sl->phase = SLOT_DECODE;
 }
 
-/* Decodes one token for a slot whose logits are fresh; releases it when its answer ends. */
-static void slot_decode_step(srv *s, srv_slot *sl) {
+static void slot_end(srv *s, srv_slot *sl) {
+    slot_release(s, sl, sl->res.finish == GEN_FINISH_CANCELLED ? DF_ECANCELLED : DF_OK, NULL);
+}
+
+/* The first token of an answer, from the logits after its prompt; releases the slot when that ends it. */
+static void slot_first_token(srv *s, srv_slot *sl) {
     event_ctx w = {s, sl};
-    if (gen_step(sl->gen, sl->logits, on_event, &w, &sl->next, &sl->res))
-        slot_release(s, sl, sl->res.finish == GEN_FINISH_CANCELLED ? DF_ECANCELLED : DF_OK, NULL);
+    if (gen_step(sl->gen, sl->logits, on_event, &w, &sl->in[0], &sl->res)) slot_end(s, sl);
+}
+
+/* Adds a decoding slot's rows to the pass: its last token, and the drafts its speculation proposes when
+ * they pay with the rows already in the pass and the others still to come (one per decoding slot). */
+static int slot_add_decode(srv *s, srv_slot *sl, int rows, int later, df_error *err) {
+    int k = 0;
+    if (sl->drafting) {
+        spec_set_shared_rows(sl->spec, rows + later);
+        k = spec_propose(sl->spec, sl->sess, sl->in[0], sl->job->max_tokens - (int)sl->res.ids.n, sl->in + 1, err);
+        if (k < 0) return k;
+    }
+    sl->n_draft = k;
+    sl->pass_pos = df_session_pos(sl->sess);
+    return df_batch_add(s->batch, sl->sess, sl->in, k + 1, k ? sl->rows : sl->logits, k > 0, err);
+}
+
+/* After the pass: the slot's rows verified and emitted token by token, the session cut back to what was
+ * kept, and the outcome shown to the cost model (eval_s < 0: a prompt slice shared the pass). */
+static void slot_verify(srv *s, srv_slot *sl, int pass_rows, double eval_s) {
+    event_ctx w = {s, sl};
+    int k = sl->n_draft, keep, accepted;
+    int end = gen_step_rows(sl->gen, k ? sl->rows : sl->logits, sl->in + 1, k, on_event, &w, &sl->in[0], &keep,
+                            &accepted, &sl->res);
+    double rollback = -1;
+    df_error err = {0};
+    int rc = DF_OK;
+    if (keep < k + 1) {
+        double t0 = df_now();
+        rc = df_session_truncate(sl->sess, sl->pass_pos + keep, &err);
+        rollback = df_now() - t0;
+    }
+    if (sl->spec) {
+        spec_set_shared_rows(sl->spec, pass_rows - (k + 1));
+        spec_observe(sl->spec, k + 1, accepted, eval_s, rollback);
+    }
+    if (rc) slot_release(s, sl, rc, &err);
+    else if (end) slot_end(s, sl);
 }
 
 /* Brings a newly admitted slot's session to the longest prefix it can reuse (or restore from the prompt
@@ -400,18 +447,22 @@ static void worker_pass(srv *s) {
         }
         if (sl->phase == SLOT_SYNC) slot_sync(s, sl);
     }
+    int decoding = 0;
+    for (int i = 0; i < s->n_slots; i++) decoding += s->slots[i].job && s->slots[i].phase == SLOT_DECODE;
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         if (!sl->job || sl->phase != SLOT_DECODE) continue;
-        if (df_batch_add(s->batch, sl->sess, &sl->next, 1, sl->logits, 0, &err)) {
-            slot_release(s, sl, DF_EINVAL, &err);
+        int rc = slot_add_decode(s, sl, rows, --decoding, &err);
+        if (rc) {
+            slot_release(s, sl, rc, &err);
             continue;
         }
-        sl->last_rows = 1;
-        rows++;
+        sl->last_rows = sl->n_draft + 1;
+        rows += sl->last_rows;
         entries++;
         only = sl;
     }
+    int decode_rows = rows;
     /* prompts in admission order, each as large a slice as the pass has room for */
     for (;;) {
         srv_slot *next = NULL;
@@ -451,8 +502,7 @@ static void worker_pass(srv *s) {
             continue;
         }
         if (sl->phase == SLOT_DECODE) {
-            sl->res.n_evaluated++;
-            slot_decode_step(s, sl);
+            slot_verify(s, sl, rows, rows == decode_rows ? dt : -1);
             continue;
         }
         srv_job *j = sl->job;
@@ -487,10 +537,10 @@ static void worker_pass(srv *s) {
             }
             memcpy(o->logits, sl->logits, (size_t)s->info->vocab_size * sizeof(float));
             slot_start_decode(s, o);
-            slot_decode_step(s, o);
+            slot_first_token(s, o);
         }
         slot_start_decode(s, sl);
-        slot_decode_step(s, sl);
+        slot_first_token(s, sl);
     }
 }
 

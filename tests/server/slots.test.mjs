@@ -181,7 +181,7 @@ if (B0) {
     `--queue 0: served when idle, 429 when busy (${idle.status}, ${second.status})`);
 }
 
-// 10b. slot state counts against --slot-mem (DELTAFIN_URLM: --parallel 2 --slot-mem 1700K, room for one
+// 10b. slot state counts against --slot-mem (DELTAFIN_URLM: --parallel 2 --slot-mem 5100K, room for one
 // 512-token conversation beside an empty slot): two long requests run one after the other though a slot is free
 const BM = process.env.DELTAFIN_URLM;
 if (BM) {
