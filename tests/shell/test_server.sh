@@ -99,7 +99,7 @@ start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read
 slots_url=$url slots_pid=$pid
 start ./deltafin "$tmp/q0.log" --api-key "$key" --parallel 1 --queue 0 --no-prompt-cache
 q0_url=$url q0_pid=$pid
-start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 5100K --no-prompt-cache
+start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 1700K --no-prompt-cache
 mem_url=$url mem_pid=$pid
 SECONDS=0
 DELTAFIN_URL=$slots_url DELTAFIN_URL0=$q0_url DELTAFIN_URLM=$mem_url DELTAFIN_PID=$slots_pid timeout 300 \
