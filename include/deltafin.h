@@ -130,6 +130,9 @@ int df_session_truncate(df_session *s, int64_t pos, df_error *err);
  * the attention cache as it grows, its token history and last logits): what a server reserves per
  * conversation so that sessions count in the memory budget. A rollback record (below) comes on top. */
 uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
+/* Rows one forward pass should take at most (prompt slices and decode rows together): 1/16 of the memory budget
+ * over 64 floats per hidden unit per row, within 16..4096. */
+int df_engine_pass_rows(const df_engine *eng);
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
  * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the
  * recurrent and conv state (made at the start of each such evaluation) plus 6 * heads * head_dim + heads

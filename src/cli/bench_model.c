@@ -642,7 +642,7 @@ int bench_model(int argc, char **argv) {
     } else if (!rc) {
         struct stat sb;
         int64_t trace_from = opts.trace_routing && !stat(opts.trace_routing, &sb) ? (int64_t)sb.st_size : 0;
-        r.prefill_rows = prefill_rows ? prefill_rows : bench_pass_rows(eng);
+        r.prefill_rows = prefill_rows ? prefill_rows : df_engine_pass_rows(eng);
         df_engine_stats(eng, &r.s0);
         double t0 = df_now();
         rc = bench_streams_prefill(&b, r.prefill_rows, &r.prefill_passes, &err);

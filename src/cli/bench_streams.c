@@ -50,14 +50,6 @@ void bench_streams_free(bench_streams *b) {
     memset(b, 0, sizeof *b);
 }
 
-int bench_pass_rows(const df_engine *eng) {
-    df_stats st;
-    df_engine_stats(eng, &st);
-    uint64_t per_row = 64ull * (uint64_t)df_engine_info(eng)->hidden_size * sizeof(float);
-    uint64_t rows = st.mem_budget / 16 / (per_row ? per_row : 1);
-    return (int)DF_MAX(DF_MIN(rows, 4096ull), 16ull);
-}
-
 int bench_streams_prefill(bench_streams *b, int rows, int *passes, df_error *err) {
     int rc = DF_OK, k = 0, at = 0;   /* the next prompt token to evaluate: stream k, position at */
     *passes = 0;

@@ -20,9 +20,6 @@ typedef struct bench_streams {
 /* n streams with prompts of `prompt` tokens; with_saved: also the sessions bench_streams_save copies into. */
 int bench_streams_init(bench_streams *b, df_engine *eng, int n, int prompt, int with_saved, df_error *err);
 void bench_streams_free(bench_streams *b);
-/* Rows per prefill pass by default: as the server sizes its passes, the working memory storage keeps aside
- * (1/16 of the budget) over a generous 64 floats per hidden unit per row, 16..4096 rows. */
-int bench_pass_rows(const df_engine *eng);
 /* Consumes every stream's prompt in passes of at most `rows` rows: streams in order, each taking as large a
  * slice as the pass has room for (so a pass may hold the end of one prompt and the start of the next).
  * *passes gets how many passes it took; b->logits then holds each stream's logits after its prompt. */

@@ -279,6 +279,14 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 
 /* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
+int df_engine_pass_rows(const df_engine *e) {
+    df_stats st;
+    df_engine_stats(e, &st);
+    uint64_t per_row = 64ull * (uint64_t)e->info.hidden_size * sizeof(float);
+    uint64_t rows = st.mem_budget / 16 / (per_row ? per_row : 1);
+    return (int)DF_MAX(DF_MIN(rows, 4096ull), 16ull);
+}
+
 uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
     const df_config *c = &e->model.cfg;
     int64_t cap = 64;

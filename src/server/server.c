@@ -76,14 +76,6 @@ static void srv_free(srv *s) {
 
 /* Rows one forward pass may take: the working memory storage keeps aside (1/16 of the budget, as the
  * store plans it) over a generous estimate of one row's activations (64 floats per hidden unit). */
-static int pass_rows_for(const srv *s) {
-    df_stats st;
-    df_engine_stats(s->eng, &st);
-    uint64_t per_row = 64ull * (uint64_t)s->info->hidden_size * sizeof(float);
-    uint64_t rows = st.mem_budget / 16 / (per_row ? per_row : 1);
-    return (int)DF_MAX(DF_MIN(rows, 4096ull), 16ull);
-}
-
 static int slots_init(srv *s, df_error *err) {
     uint64_t fixed = df_session_state_bytes(s->eng, 0);
     uint64_t typical = df_session_state_bytes(s->eng, DF_MIN(s->info->max_context, (int64_t)SRV_TYPICAL_TOKENS));
@@ -115,7 +107,7 @@ static int slots_init(srv *s, df_error *err) {
         if (sl->spec) sl->rows = xmalloc((size_t)(spec_draft_max(sl->spec) + 1) * s->info->vocab_size * sizeof(float));
         sl->reserved = fixed;
     }
-    s->pass_rows = pass_rows_for(s);
+    s->pass_rows = df_engine_pass_rows(s->eng);
     return df_batch_init(&s->batch, s->eng, err);
 }
 
