@@ -60,6 +60,8 @@ void metrics_text(srv *s, text_buf *o) {
            (double)m->prompt_cache_saved);
     metric(o, "deltafin_connections_timed_out_total", "counter",
            "Connections closed because a request did not arrive within the read timeout.", (double)m->conn_timeouts);
+    metric(o, "deltafin_requests_waited_for_memory_total", "counter",
+           "Requests held back while a slot was free because --slot-mem was full.", (double)m->mem_waits);
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
     metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
            (double)m->engine.expert_misses);

@@ -21,7 +21,7 @@ typedef struct srv_metrics {
     pthread_mutex_t mu;
     int status_code[SRV_N_STATUS];
     uint64_t status_count[SRV_N_STATUS];
-    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled, conn_timeouts;
+    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled, conn_timeouts, mem_waits;
     uint64_t prompt_cache_restored, prompt_cache_saved;
     double prefill_s, decode_s, last_s_per_token, last_ttft_s;
     uint64_t decode_passes, drafted, accepted;   /* summed over the answers: verifier passes, drafts */
@@ -65,6 +65,7 @@ typedef struct srv_job {
     uint64_t state_need;         /* bytes of one slot's state for this request */
     double t_queued, t_first;    /* when it was queued; when its first token was ready (0 = not yet) */
     int cache_restored;          /* tokens restored from the prompt cache */
+    int waited_for_memory;       /* srv.mu: was held back because slot memory was full */
     int64_t cache_at;            /* the prompt prefix the prompt cache keeps (its state is saved there) */
     const char *model_name;      /* the name answered with (owned by srv) */
     char id[48];

@@ -221,7 +221,15 @@ static void admit_locked(srv *s) {
                 want += slot_bytes(s, DF_MAX(sl->cap_tokens, (int64_t)j->prompt.n + j->max_tokens));
             }
         }
-        if (others + want > s->slot_mem && s->n_running > 0) break;   /* waits for running ones to end */
+        if (others + want > s->slot_mem && s->n_running > 0) {   /* waits for running ones to end */
+            if (!j->waited_for_memory) {
+                pthread_mutex_lock(&s->m.mu);
+                s->m.mem_waits++;
+                pthread_mutex_unlock(&s->m.mu);
+            }
+            j->waited_for_memory = 1;
+            break;
+        }
         s->q_head = j->next;
         if (!s->q_head) s->q_tail = NULL;
         s->n_queued--;
