@@ -67,8 +67,19 @@ static int dc_write_all(int fd, const uint8_t *p, size_t n) {
 }
 
 /* pad zero bytes, data, then tail (tail_len bytes), published atomically. */
+/* What a size-capped entry's writer settles when its file appears: under mu, the rename moves its bytes from
+ * pending to used, so an eviction in between never counts them twice (and deletes entries for room that
+ * exists). */
+typedef struct dc_publish {
+    pthread_mutex_t *mu;
+    uint64_t *pending;
+    int64_t *used;
+    uint64_t need;
+    int done;
+} dc_publish;
+
 static int dc_write_parts(const char *path, uint64_t pad, const void *data, size_t len, const void *tail,
-                          size_t tail_len, df_error *err) {
+                          size_t tail_len, dc_publish *pub, df_error *err) {
     size_t pl = strlen(path);
     char *tmp = xmalloc(pl + 64);
     const char *slash = strrchr(path, '/');
@@ -95,7 +106,14 @@ static int dc_write_parts(const char *path, uint64_t pad, const void *data, size
     if (!e && fchmod(fd, 0644)) e = errno;
     if (!e && fsync(fd)) e = errno;
     if (close(fd) && !e) e = errno;
+    if (pub) pthread_mutex_lock(pub->mu);
     if (!e && rename(tmp, path)) e = errno;
+    if (pub && !e) {
+        *pub->pending -= pub->need;
+        if (*pub->used >= 0) *pub->used += (int64_t)pub->need;
+        pub->done = 1;
+    }
+    if (pub) pthread_mutex_unlock(pub->mu);
     if (!e) dc_fsync_dir(path);
     if (e) {
         unlink(tmp);
@@ -107,7 +125,7 @@ static int dc_write_parts(const char *path, uint64_t pad, const void *data, size
 }
 
 int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len, df_error *err) {
-    return dc_write_parts(path, pad, data, len, NULL, 0, err);
+    return dc_write_parts(path, pad, data, len, NULL, 0, NULL, err);
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -516,7 +534,9 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     if (!rc) {
         uint8_t t[DC_TRAILER];
         dc_trailer(t, data, e.len);
-        rc = dc_write_parts(path, e.off % IO_ALIGN, data, e.len, t, sizeof t, err);
+        dc_publish pub = {&c->mu, &c->pending, &c->used, need, 0};
+        rc = dc_write_parts(path, e.off % IO_ALIGN, data, e.len, t, sizeof t, reserved ? &pub : NULL, err);
+        if (pub.done) reserved = 0;   /* settled when the file appeared */
         if (rc) {
             char inner[sizeof err->msg];
             memcpy(inner, err->msg, sizeof inner);
@@ -526,7 +546,7 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     if (reserved) {
         pthread_mutex_lock(&c->mu);
         c->pending -= need;
-        if (c->used >= 0) c->used = rc ? -1 : c->used + (int64_t)need;   /* after a failure: recount */
+        c->used = -1;   /* the write failed: recount before the next eviction */
         pthread_mutex_unlock(&c->mu);
     }
     free(folder);
