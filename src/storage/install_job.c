@@ -52,6 +52,7 @@ typedef struct install_job {
     install_shard *sh;
     int n_sh;
     install_plan plan;
+    int planned;             /* plan complete */
     uint64_t done, total;    /* progress: bytes downloaded of those planned */
 } install_job;
 
@@ -523,6 +524,7 @@ static int install_job_work(install_job *j, df_error *err) {
     if (!rc) rc = install_plan_shards(j, err);
     if (rc) return rc;
     install_plan_disk(j);
+    j->planned = 1;
     if (j->ev && j->ev->plan) j->ev->plan(j->ev->ctx, &j->plan);
     rc = install_check_disk(j, err);
     if (rc || j->o->dry_run) return rc;
@@ -548,7 +550,7 @@ int install_job_run(const install_opts *o, const install_events *ev, install_res
     install_job j = {.o = o, .ev = ev, .jobs = o->jobs ? o->jobs : 8};
     rc = install_job_work(&j, err);
     if (res) {
-        res->plan = j.plan;
+        if (j.planned) res->plan = j.plan;
         if (j.r) remote_get_stats(j.r, &res->net);
     }
     for (int i = 0; i < j.n_sh; i++) {

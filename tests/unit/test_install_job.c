@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "common/util.h"
 #include "storage/dcache.h"
@@ -170,7 +171,12 @@ static void test_plans(const ref *R, const char *from, const char *tmp) {
     CHECK(install_job_run(&o, NULL, NULL, &err) == DF_EINVAL, "jobs past 64: %s", err.msg);
     o = (install_opts){.from = from, .dir = NULL};
     CHECK(install_job_run(&o, NULL, NULL, &err) == DF_EINVAL, "no folder: %s", err.msg);
-    CHECK(stat(dir, &sb) != 0, "refused runs wrote nothing");
+    char nope[300];
+    snprintf(nope, sizeof nope, "%s-nothing-here", from);
+    rc = run(nope, dir, INSTALL_SPINE, NULL, 0, &e, &res, &err);
+    CHECK(rc == DF_EIO && strstr(err.msg, "config.json: not found") && e.plans == 0 && p->n_shards == 0,
+          "a repository without config.json: refused before any plan: %s", err.msg);
+    CHECK(stat(dir, &sb) != 0 || rmdir(dir) == 0, "refused runs wrote nothing");
 }
 
 static void test_installs(const ref *R, const server *s, const char *from, const char *tmp) {
