@@ -12,8 +12,8 @@
 
 #include "cli.h"
 #include "common/util.h"
-#include "fetch.h"
 #include "storage/dcache.h"
+#include "storage/install_job.h"
 
 typedef struct bench_fetch_opts {
     const char *from, *cache_dir;
@@ -30,7 +30,7 @@ static int bench_fetch_usage(FILE *f) {
 }
 
 /* Fetches spans [0, n) layer by layer; with c, publishes each into the cache. Returns seconds or -1. */
-static double bench_fetch_pass(remote *r, const fetch_span *v, int n, dcache *c, df_error *err) {
+static double bench_fetch_pass(remote *r, const install_span *v, int n, dcache *c, df_error *err) {
     uint64_t maxlen = 0;
     int maxl = 0;
     for (int i = 0, run = 0; i < n; i++) {
@@ -60,7 +60,7 @@ static double bench_fetch_pass(remote *r, const fetch_span *v, int n, dcache *c,
 }
 
 /* The same ranges with the curl program: a config of url/range/output entries, --parallel. */
-static double bench_fetch_curl(const char *base, const fetch_span *v, int n, int jobs) {
+static double bench_fetch_curl(const char *base, const install_span *v, int n, int jobs) {
     char cfg[] = "/tmp/deltafin-bench-curl-XXXXXX";
     int fd = mkstemp(cfg);
     if (fd < 0) return -1;
@@ -129,13 +129,13 @@ int bench_fetch(int argc, char **argv) {
     char *base = remote_resolve_base(o.from, &err);
     remote *r = NULL;
     remote_opts ro = {.jobs = o.jobs};
-    fetch_span_list L = {0};
+    install_span_list L = {0};
     int rc = base ? remote_open(&r, base, &ro, &err) : DF_EINVAL;
-    if (!rc) rc = fetch_list_experts(r, &L, &err);
+    if (!rc) rc = install_list_experts(r, &L, &err);
     if (!rc && !L.n) rc = (df_error_set(&err, DF_EINVAL, "%s: no routed experts in this repository", base), DF_EINVAL);
     if (rc) {
         fprintf(stderr, "deltafin bench fetch: %s\n", err.msg);
-        fetch_span_list_free(&L);
+        install_span_list_free(&L);
         remote_free(r);
         free(base);
         return 1;
@@ -191,7 +191,7 @@ int bench_fetch(int argc, char **argv) {
             if (before[0]) printf("  server counters before: %s\n  server counters after:  %s\n", before, after);
         }
     }
-    fetch_span_list_free(&L);
+    install_span_list_free(&L);
     remote_free(r);
     free(base);
     return rc;

@@ -25,6 +25,8 @@ int bench_model(int argc, char **argv);
 int bench_cache(int argc, char **argv);
 /* `deltafin bench rollback` (bench_rollback.c); argv[0] is "rollback". */
 int bench_rollback(int argc, char **argv);
+/* `deltafin bench fetch` (bench_fetch.c); argv[0] is "fetch". */
+int bench_fetch(int argc, char **argv);
 
 /* The default model folder: $DELTAFIN_MODEL, else the bundled model found next to the executable
  * (EXE_DIR/models/default), in EXE_DIR/../share/deltafin/models/default (make install) or in

@@ -9,7 +9,6 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
-#include "fetch.h"
 #include "common/util.h"
 #include "kernels/kernels.h"
 
