@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
+#include "storage/st_write.h"
 #include "synth_skew.h"
 
 #define SYN_ALIGN 16384u
@@ -50,8 +51,6 @@ typedef struct syn_dims {
     const float *bias;   /* --route-skew: [layers][experts] correction biases, NULL = random small ones */
 } syn_dims;
 
-static int elem_size(const char *dt) { return !strcmp(dt, "F32") ? 4 : !strcmp(dt, "BF16") ? 2 : 1; }
-
 /* Largest exponent for a matrix with `in` columns: values up to ~2/sqrt(in). */
 static int exp_for(int64_t in) {
     int e = 0;
@@ -71,7 +70,7 @@ static void add(syn_shard *s, const char *prefix, const char *name, const char *
     int64_t sh[3] = {a, b, c};
     uint64_t n = 1;
     for (int i = 0; i < ndim; i++) n *= (uint64_t)(t->shape[i] = sh[i]);
-    t->bytes = n * (uint64_t)elem_size(dtype);
+    t->bytes = n * (uint64_t)st_dtype_size(dtype);
     t->exp_hi = exp_for(ndim >= 2 ? t->shape[ndim - 1] : 16);
 }
 
@@ -285,36 +284,30 @@ static int write_all(int fd, const uint8_t *p, size_t n, const char *path) {
 
 static int write_shard(const char *dir, const char *file, const syn_shard *s, uint64_t seed, json_t *wmap,
                        uint64_t *total) {
-    json_t *h = json_object();
-    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
-    uint64_t off = 0;
+    st_write_tensor *wt = xcalloc((size_t)s->n + 1, sizeof *wt);
     for (int i = 0; i < s->n; i++) {
         const syn_tensor *t = &s->t[i];
-        json_t *shape = json_array();
-        for (int k = 0; k < t->ndim; k++) json_array_append_new(shape, json_integer(t->shape[k]));
-        json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", t->dtype, "shape", shape,
-                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->bytes)));
+        wt[i] = (st_write_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->bytes};
+        memcpy(wt[i].shape, t->shape, sizeof t->shape);
         json_object_set_new(wmap, t->name, json_string(file));
-        off += t->bytes;
     }
-    *total += off;
-    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(h);
-    size_t tl = strlen(text);
-    uint64_t hl = (tl + 8 + SYN_ALIGN - 1) / SYN_ALIGN * SYN_ALIGN - 8;
+    static const char *const meta[] = {"format", "pt", NULL};
+    uint8_t *head = NULL;
+    size_t hl = 0;
+    uint64_t data = 0;
+    df_error err;
     char *path = df_path_join(dir, file);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int rc = fd < 0 ? -1 : 0;
-    if (fd < 0) fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
-    uint8_t *buf = xmalloc(SYN_CHUNK);
-    if (!rc) {
-        uint8_t len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
-        memset(buf, ' ', hl);
-        memcpy(buf, text, tl);
-        rc = write_all(fd, len8, 8, path);
-        if (!rc) rc = write_all(fd, buf, hl, path);
+    int rc = st_write_header(wt, s->n, meta, SYN_ALIGN, &head, &hl, NULL, &data, &err) ? -1 : 0;
+    free(wt);
+    if (rc) fprintf(stderr, "deltafin synth: %s: %s\n", path, err.msg);
+    *total += data;
+    int fd = rc ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!rc && fd < 0) {
+        fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
+        rc = -1;
     }
+    if (!rc) rc = write_all(fd, head, hl, path);
+    uint8_t *buf = xmalloc(SYN_CHUNK);
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; !rc && i < s->n; i++) {
         const syn_tensor *t = &s->t[i];
@@ -326,7 +319,7 @@ static int write_shard(const char *dir, const char *file, const syn_shard *s, ui
     }
     if (fd >= 0 && close(fd) && !rc) rc = -1;
     free(buf);
-    free(text);
+    free(head);
     free(path);
     return rc;
 }

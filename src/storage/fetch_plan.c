@@ -116,11 +116,8 @@ int fplan_layout_fetch(fplan_layout *L, remote *r, const char *name, df_error *e
                            (unsigned long long)size), DF_EFORMAT);
     if (!rc) rc = remote_fetch(r, &q, 1, err);
     if (rc) return rc;
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
-    if (hl == 0 || hl > ST_MAX_HEADER || hl > size - 8)
-        return df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit the file (%llu bytes)", name,
-                            (unsigned long long)hl, (unsigned long long)size), DF_EFORMAT;
+    uint64_t hl;
+    if ((rc = st_header_length(len8, size, name, &hl, err))) return rc;
     char *h = xmalloc(hl + 1);
     q = (remote_req){.file = name, .off = 8, .len = hl, .what = "shard header", .dst = (uint8_t *)h};
     rc = remote_fetch(r, &q, 1, err);
