@@ -14,8 +14,6 @@
 #include "../common/util.h"
 #include "int8_spine.h"
 
-static const char *const store_kind_names[KIND_COUNT] = {"weight", "weight_packed", "weight_scale", "weight_shape"};
-
 void store_problem(df_store *st, const char *fmt, ...) {
     if (st->n_problems++ >= STORE_MAX_PROBLEMS) return;
     char line[512];
@@ -37,19 +35,6 @@ static int store_cmp_item(const void *a, const void *b) {
 const store_item *store_find_item(const store_item *items, int n, const char *key) {
     store_item k = {.key = key};
     return bsearch(&k, items, (size_t)n, sizeof k, store_cmp_item);
-}
-
-/* Parses a canonical decimal (no sign, no leading zero) at *s, advancing past it; -1 if none or > max. */
-static long store_parse_index(const char **s, long max) {
-    const char *p = *s;
-    if (*p < '0' || *p > '9' || (p[0] == '0' && p[1] >= '0' && p[1] <= '9')) return -1;
-    long v = 0;
-    while (*p >= '0' && *p <= '9') {
-        v = v * 10 + (*p++ - '0');
-        if (v > max) return -1;
-    }
-    *s = p;
-    return v;
 }
 
 static void store_count_dtype(df_store *st, const st_tensor *t) {
@@ -200,6 +185,7 @@ int catalog_load_config(df_store *st, int *n_layers, df_error *err) {
     } else {
         const char *mt = json_string_value(json_object_get(root, "model_type"));
         st->model_type = xstrdup(mt ? mt : "unknown");
+        st->family = tensor_family_of(st->model_type);
         json_t *text = json_object_get(root, "text_config");
         if (!strcmp(st->model_type, "kimi_k3") && json_is_object(text)) {
             json_incref(text);
@@ -207,7 +193,7 @@ int catalog_load_config(df_store *st, int *n_layers, df_error *err) {
             root = text;
         }
         json_int_t nl = json_integer_value(json_object_get(root, "num_hidden_layers"));
-        *n_layers = nl > 0 && nl <= STORE_MAX_LAYERS ? (int)nl : 0;
+        *n_layers = nl > 0 && nl <= TENSOR_MAX_LAYERS ? (int)nl : 0;
     }
     json_decref(root);
     free(path);
@@ -216,40 +202,7 @@ int catalog_load_config(df_store *st, int *n_layers, df_error *err) {
 
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* Classifying tensors into globals, layer tensors and expert parts. */
-
-typedef struct store_name {
-    int layer;        /* -1: global */
-    long expert;      /* -1: not an expert tensor */
-    int mat, kind;
-    const char *rel;  /* relative to the text root */
-    const char *suffix;
-} store_name;
-
-/* Returns 0 if the tensor is not part of the text model (ignored), -1 on a malformed expert name. */
-static int store_parse_name(const df_store *st, const char *full, store_name *out) {
-    *out = (store_name){.layer = -1, .expert = -1};
-    size_t pl = strlen(STORE_PREFIX);
-    if (st->prefixed && strncmp(full, STORE_PREFIX, pl)) return 0;
-    out->rel = st->prefixed ? full + pl : full;
-    const char *p = out->rel;
-    if (strncmp(p, "model.layers.", 13)) return 1;
-    p += 13;
-    long layer = store_parse_index(&p, STORE_MAX_LAYERS - 1);
-    if (layer < 0 || *p != '.') return 1;
-    out->layer = (int)layer;
-    out->suffix = ++p;
-    static const char ex[] = "block_sparse_moe.experts.";
-    if (strncmp(p, ex, sizeof ex - 1) || p[sizeof ex - 1] < '0' || p[sizeof ex - 1] > '9') return 1;
-    p += sizeof ex - 1;
-    long e = store_parse_index(&p, STORE_MAX_EXPERTS - 1);
-    if (e < 0 || p[0] != '.' || p[1] != 'w' || p[2] < '1' || p[2] > '3' || p[3] != '.') return -1;
-    out->expert = e;
-    out->mat = p[2] - '1';
-    for (int k = 0; k < KIND_COUNT; k++)
-        if (!strcmp(p + 4, store_kind_names[k])) return out->kind = k, 1;
-    return -1;
-}
+/* Sorting tensors into top-level items, layer items and expert parts by the tensor-name table. */
 
 /* Kernels read elements through typed pointers, so a tensor whose offset is not a multiple of its element
  * size (legal in safetensors, never written by the usual tools) is served from an aligned copy. */
@@ -272,39 +225,30 @@ static void store_item_init(df_store *st, store_item *it, const char *key, store
     else store_align_view(st, &it->view, r.t->elem_size);
 }
 
-/* Checkpoints saved by HF transformers name the dense FFN "block_sparse_moe.*_proj". */
-static void store_layer_aliases(df_store_layer *l) {
-    static const char *const alias[3][2] = {
-        {"mlp.gate_proj.weight", "block_sparse_moe.gate_proj.weight"},
-        {"mlp.up_proj.weight", "block_sparse_moe.up_proj.weight"},
-        {"mlp.down_proj.weight", "block_sparse_moe.down_proj.weight"},
-    };
+/* Sorts a layer's items by key; two checkpoint tensors of one kind (both spellings of a dense FFN matrix) are
+ * an error, since either could be meant. */
+static int catalog_sort_layer(df_store *st, df_store_layer *l, df_error *err) {
     qsort(l->items, (size_t)l->n, sizeof *l->items, store_cmp_item);
-    int n = l->n;
-    for (int i = 0; i < 3; i++) {
-        const store_item *src = store_find_item(l->items, n, alias[i][1]);
-        if (!src || store_find_item(l->items, n, alias[i][0])) continue;
-        l->items[l->n] = *src;
-        l->items[l->n++].key = alias[i][0];
-    }
-    qsort(l->items, (size_t)l->n, sizeof *l->items, store_cmp_item);
+    for (int i = 1; i < l->n; i++)
+        if (!strcmp(l->items[i].key, l->items[i - 1].key))
+            return df_error_set(err, DF_EFORMAT, "%s: tensors '%s' and '%s' both name layer %d's %s", st->dir,
+                                l->items[i - 1].ref.t->name, l->items[i].ref.t->name, l->index, l->items[i].key),
+                   DF_EFORMAT;
+    return DF_OK;
 }
 
 int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, df_error *err) {
-    st->prefixed = 0;
-    for (int64_t i = 0; i < refs->n && !st->prefixed; i++)
-        st->prefixed = !strncmp(refs->v[i].t->name, STORE_PREFIX, strlen(STORE_PREFIX));
     /* pass 1: sizes */
-    int max_layer = cfg_layers - 1;
-    store_name nm;
+    int max_layer = cfg_layers - 1, layer, expert;
+    tensor_kind kind;
     for (int64_t i = 0; i < refs->n; i++) {
         const st_tensor *t = refs->v[i].t;
-        int k = store_parse_name(st, t->name, &nm);
-        if (k < 0)
+        tensor_class c = tensor_classify(t->name, st->family, &layer, &expert, &kind);
+        if (c == TENSOR_UNKNOWN && expert >= 0)
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': unrecognised routed-expert tensor name (expected "
                                 "experts.{e}.w{1,2,3}.weight, .weight_packed or .weight_scale)",
                                 store_tensor_path(st, refs->v[i]), t->name), DF_EFORMAT;
-        if (nm.layer > max_layer) max_layer = nm.layer;
+        if ((c == TENSOR_SPINE || c == TENSOR_EXPERT) && layer > max_layer) max_layer = layer;
     }
     st->n_layers = max_layer + 1;
     st->layers = xcalloc((size_t)st->n_layers + 1, sizeof *st->layers);
@@ -313,55 +257,63 @@ int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, d
     st->expert_shard = xcalloc((size_t)st->n_layers + 1, sizeof *st->expert_shard);
     int64_t n_glob = 0;
     for (int64_t i = 0; i < refs->n; i++) {
-        if (!store_parse_name(st, refs->v[i].t->name, &nm)) continue;
-        if (nm.layer < 0) n_glob++;
-        else if (nm.expert < 0) st->layers[nm.layer].n++;
-        else if (nm.expert >= st->n_experts[nm.layer]) st->n_experts[nm.layer] = (int)nm.expert + 1;
+        tensor_class c = tensor_classify(refs->v[i].t->name, st->family, &layer, &expert, &kind);
+        if (c == TENSOR_TOP) n_glob++;
+        else if (c == TENSOR_SPINE) st->layers[layer].n++;
+        else if (c == TENSOR_EXPERT && expert >= st->n_experts[layer]) st->n_experts[layer] = expert + 1;
     }
     st->globals = xcalloc((size_t)n_glob + 1, sizeof *st->globals);
     for (int l = 0; l < st->n_layers; l++) {
         st->layers[l].index = l;
-        st->layers[l].items = xcalloc((size_t)st->layers[l].n + 3 + 1, sizeof(store_item));
+        st->layers[l].items = xcalloc((size_t)st->layers[l].n + 1, sizeof(store_item));
         st->layers[l].n = 0;
         st->experts[l] = xcalloc((size_t)st->n_experts[l] + 1, sizeof(store_expert));
     }
-    /* pass 2: fill */
+    /* pass 2: fill; items are keyed by the table's canonical name of their kind */
     for (int64_t i = 0; i < refs->n; i++) {
         store_ref r = refs->v[i];
         uint64_t bytes = r.t->end - r.t->begin;
         st->n_tensors++;
         st->total_bytes += bytes;
-        if (!store_parse_name(st, r.t->name, &nm)) {
+        tensor_class c = tensor_classify(r.t->name, st->family, &layer, &expert, &kind);
+        if (c == TENSOR_NON_TEXT) {
             st->n_ignored++;
             st->ignored_bytes += bytes;
             continue;
         }
+        if (c == TENSOR_UNKNOWN) {
+            st->n_unknown++;
+            st->unknown_bytes += bytes;
+            store_problem(st, "%s: tensor '%s' is not a %s tensor name (ignored)", store_tensor_path(st, r),
+                          r.t->name, st->family == TENSOR_FAMILY_K3 ? "Kimi K3" : "Kimi-Linear");
+            continue;
+        }
         store_count_dtype(st, r.t);
-        if (nm.expert >= 0) {
+        if (c == TENSOR_EXPERT) {
             st->expert_bytes += bytes;
-            st->experts[nm.layer][nm.expert].part[nm.mat][nm.kind] = r;
-            st->expert_shard[nm.layer] = r.shard;
+            st->experts[layer][expert].part[tensor_expert_mat(kind)][tensor_expert_part(kind)] = r;
+            st->expert_shard[layer] = r.shard;
             continue;
         }
         st->spine_bytes += bytes;
-        if (nm.layer < 0) {
-            store_item_init(st, &st->globals[st->n_globals++], nm.rel, r);
+        if (c == TENSOR_TOP) {
+            store_item_init(st, &st->globals[st->n_globals++], tensor_name_suffix(kind), r);
         } else {
-            df_store_layer *l = &st->layers[nm.layer];
-            store_item_init(st, &l->items[l->n++], nm.suffix, r);
+            df_store_layer *l = &st->layers[layer];
+            store_item_init(st, &l->items[l->n++], tensor_name_suffix(kind), r);
         }
     }
     qsort(st->globals, (size_t)st->n_globals, sizeof *st->globals, store_cmp_item);
     for (int l = 0; l < st->n_layers; l++) {
         df_store_layer *ly = &st->layers[l];
-        store_layer_aliases(ly);
+        int rc = catalog_sort_layer(st, ly, err);
+        if (rc) return rc;
         ly->bad = -1;
         for (int i = 0; i < ly->n && ly->bad < 0; i++)
             if (!ly->items[i].usable) ly->bad = i;
     }
     return DF_OK;
 }
-
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* The int8 spine (format in int8_spine.h). With opts.spine_int8, every spine item whose checkpoint
@@ -385,11 +337,6 @@ static void store_int8_point(df_store *st, store_item *it, int span) {
 
 static int store_int8_swap(df_store *st, store_item *it, int first_shard, df_error *err) {
     const st_tensor *src = it->ref.t;
-    for (int i = 0; i < st->n_int8; i++)
-        if (!strcmp(st->int8_spans[i].name, src->name)) {   /* an alias of a tensor already swapped */
-            store_int8_point(st, it, i);
-            return DF_OK;
-        }
     for (int s = first_shard; s < st->n_shards; s++) {
         st_tensor span;
         int found = int8_spine_find(&st->shards[s], src->name, &span, err);

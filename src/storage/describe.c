@@ -122,13 +122,18 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
     if (len >= cap) len = cap - 1, buf[len] = 0;
     store_buf b = {buf, cap, len};
     store_printf(&b, "checkpoint: %s (model_type %s%s)\n", st->dir, st->model_type,
-                 st->prefixed ? ", text tensors under " STORE_PREFIX : "");
+                 st->family == TENSOR_FAMILY_K3 ? ", text tensors under " TENSOR_K3_PREFIX : "");
     store_printf(&b, "shards: %d (%s)\n", st->n_shards,
                  st->indexed ? "model.safetensors.index.json" : "model.safetensors");
     store_printf(&b, "tensors: %lld\n", (long long)st->n_tensors);
     if (st->n_ignored) {
         store_printf(&b, "ignored: %lld non-text tensors, ", (long long)st->n_ignored);
         store_print_bytes(&b, st->ignored_bytes);
+        store_printf(&b, "\n");
+    }
+    if (st->n_unknown) {
+        store_printf(&b, "unknown: %lld tensors not in the tensor-name table (ignored), ", (long long)st->n_unknown);
+        store_print_bytes(&b, st->unknown_bytes);
         store_printf(&b, "\n");
     }
     store_printf(&b, "total bytes: ");

@@ -18,18 +18,17 @@ const char *experts_mat_name(int m) { return m == 0 ? "w1" : m == 1 ? "w2" : "w3
 static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expert *x, df_tensor *out,
                                df_error *err) {
     store_ref *p = x->part[m];
-    const char *pre = st->prefixed ? STORE_PREFIX : "";
     /* a file of this expert, or (when the whole expert is missing) one holding the layer's experts */
     const char *file = st->shards[st->expert_shard[layer]].path;
     for (int mm = 0; mm < 3; mm++)
-        for (int k = 0; k < KIND_COUNT; k++)
+        for (int k = 0; k < TENSOR_PART_COUNT; k++)
             if (x->part[mm][k].t) file = store_tensor_path(st, x->part[mm][k]);
-    if (p[KIND_WEIGHT].t && (p[KIND_PACKED].t || p[KIND_SCALE].t))
+    if (p[TENSOR_PART_WEIGHT].t && (p[TENSOR_PART_PACKED].t || p[TENSOR_PART_SCALE].t))
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': expert matrix has both a plain weight and MXFP4 "
-                            "weight_packed/weight_scale", file, p[KIND_WEIGHT].t->name), DF_EFORMAT;
-    if (p[KIND_WEIGHT].t) {
-        const st_tensor *t = p[KIND_WEIGHT].t;
-        int rc = st_tensor_view(&st->shards[p[KIND_WEIGHT].shard], t, out, err);
+                            "weight_packed/weight_scale", file, p[TENSOR_PART_WEIGHT].t->name), DF_EFORMAT;
+    if (p[TENSOR_PART_WEIGHT].t) {
+        const st_tensor *t = p[TENSOR_PART_WEIGHT].t;
+        int rc = st_tensor_view(&st->shards[p[TENSOR_PART_WEIGHT].shard], t, out, err);
         if (rc) return rc;
         if (t->ndim != 2 || (t->dtype != DF_DT_F32 && t->dtype != DF_DT_BF16 && t->dtype != DF_DT_F16))
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': expert weight must be a 2-D F32/BF16/F16 "
@@ -37,28 +36,31 @@ static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expe
         store_align_view(st, out, t->elem_size);
         return DF_OK;
     }
-    const st_tensor *pk = p[KIND_PACKED].t, *sc = p[KIND_SCALE].t;
-    if (!pk || !sc)
-        return df_error_set(err, DF_EFORMAT, "%s: tensor '%smodel.layers.%d.block_sparse_moe.experts.%d.%s.%s' is "
-                            "missing (experts of a layer must be numbered 0..E-1, each with w1, w2, w3 as .weight "
-                            "or .weight_packed + .weight_scale)", file, pre, layer, e, experts_mat_name(m),
-                            pk ? "weight_scale" : sc ? "weight_packed" : "weight"), DF_EFORMAT;
+    const st_tensor *pk = p[TENSOR_PART_PACKED].t, *sc = p[TENSOR_PART_SCALE].t;
+    if (!pk || !sc) {
+        char missing[256];
+        int part = pk ? TENSOR_PART_SCALE : sc ? TENSOR_PART_PACKED : TENSOR_PART_WEIGHT;
+        tensor_name_format(tensor_expert_kind(m, part), st->family, layer, e, missing, sizeof missing);
+        return df_error_set(err, DF_EFORMAT, "%s: tensor '%s' is missing (experts of a layer must be numbered "
+                            "0..E-1, each with w1, w2, w3 as .weight or .weight_packed + .weight_scale)", file,
+                            missing), DF_EFORMAT;
+    }
     if (pk->dtype != DF_DT_U8 || pk->ndim != 2)
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 weight_packed must be a 2-D U8 tensor, got %s "
-                            "with %d dims", store_tensor_path(st, p[KIND_PACKED]), pk->name, pk->dtype_name, pk->ndim),
-               DF_EFORMAT;
+                            "with %d dims", store_tensor_path(st, p[TENSOR_PART_PACKED]), pk->name, pk->dtype_name,
+                            pk->ndim), DF_EFORMAT;
     if (sc->dtype != DF_DT_U8 || sc->ndim != 2)
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 weight_scale must be a 2-D U8 tensor, got %s "
-                            "with %d dims", store_tensor_path(st, p[KIND_SCALE]), sc->name, sc->dtype_name, sc->ndim),
-               DF_EFORMAT;
+                            "with %d dims", store_tensor_path(st, p[TENSOR_PART_SCALE]), sc->name, sc->dtype_name,
+                            sc->ndim), DF_EFORMAT;
     if (pk->shape[0] != sc->shape[0] || pk->shape[1] * 2 != sc->shape[1] * 32 || pk->shape[1] == 0)
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': MXFP4 scale shape [%lld, %lld] does not match "
                             "weight_packed [%lld, %lld] (need the same rows and packed cols x 2 == scale cols x 32)",
-                            store_tensor_path(st, p[KIND_SCALE]), sc->name, (long long)sc->shape[0],
+                            store_tensor_path(st, p[TENSOR_PART_SCALE]), sc->name, (long long)sc->shape[0],
                             (long long)sc->shape[1], (long long)pk->shape[0], (long long)pk->shape[1]), DF_EFORMAT;
     *out = (df_tensor){.name = pk->name, .dtype = DF_DT_MXFP4, .ndim = 2, .shape = {pk->shape[0], pk->shape[1] * 2},
                        .data = pk->data, .scale = sc->data};
-    const st_tensor *sh = p[KIND_SHAPE].t;
+    const st_tensor *sh = p[TENSOR_PART_SHAPE].t;
     if (sh) {
         int64_t v[2] = {-1, -1};
         if (sh->ndim == 1 && sh->shape[0] == 2 && sh->dtype == DF_DT_I64) memcpy(v, sh->data, sizeof v);
@@ -70,7 +72,7 @@ static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expe
             }
         if (v[0] != out->shape[0] || v[1] != out->shape[1])
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': weight_shape does not match the MXFP4 pair's "
-                                "logical shape [%lld, %lld]", store_tensor_path(st, p[KIND_SHAPE]), sh->name,
+                                "logical shape [%lld, %lld]", store_tensor_path(st, p[TENSOR_PART_SHAPE]), sh->name,
                                 (long long)out->shape[0], (long long)out->shape[1]), DF_EFORMAT;
     }
     return DF_OK;
@@ -85,7 +87,7 @@ static int store_cmp_part(const void *a, const void *b) {
 static void store_expert_locate_init(df_store *st, store_expert *x) {
     store_expert_loc *loc = &x->loc;
     for (int m = 0; m < 3; m++)
-        for (int k = 0; k < KIND_COUNT; k++) {
+        for (int k = 0; k < TENSOR_PART_COUNT; k++) {
             store_ref r = x->part[m][k];
             if (!r.t) continue;
             loc->parts[loc->n_parts++] = (store_expert_part){r.t->name, r.shard,
@@ -120,11 +122,12 @@ int experts_build(df_store *st, df_error *err) {
                      x->ex.w1.dtype == x->ex.w2.dtype && x->ex.w1.dtype == x->ex.w3.dtype;
             if (ok && ref) ok = ref->dtype == x->ex.w1.dtype && ref->shape[0] == x->ex.w1.shape[0] &&
                                 ref->shape[1] == x->ex.w1.shape[1];
+            int first = x->part[0][TENSOR_PART_WEIGHT].t ? TENSOR_PART_WEIGHT : TENSOR_PART_PACKED;
             if (!ok)
                 return df_error_set(err, DF_EFORMAT, "%s: tensors '%s', '%s', '%s': expert shapes/dtypes inconsistent "
                                     "(w1 %s [%lld, %lld], w2 %s [%lld, %lld], w3 %s [%lld, %lld]; expected w1 = w3 = "
                                     "[I, D], w2 = [D, I], the same for every expert of the layer)",
-                                    store_tensor_path(st, x->part[0][x->part[0][KIND_WEIGHT].t ? KIND_WEIGHT : KIND_PACKED]),
+                                    store_tensor_path(st, x->part[0][first]),
                                     x->ex.w1.name, x->ex.w2.name, x->ex.w3.name,
                                     tensor_dtype_name(x->ex.w1.dtype), (long long)x->ex.w1.shape[0],
                                     (long long)x->ex.w1.shape[1], tensor_dtype_name(x->ex.w2.dtype),
@@ -144,7 +147,7 @@ int experts_build(df_store *st, df_error *err) {
 void experts_plan_read(df_store *st, store_expert *x) {
     x->one_read = x->loc.contiguous;
     for (int m = 0; m < 3; m++)
-        for (int k = 0; k < KIND_COUNT; k++) {
+        for (int k = 0; k < TENSOR_PART_COUNT; k++) {
             store_ref r = x->part[m][k];
             if (r.t && r.t->elem_size > 1 && store_ref_offset(st, r) % (uint64_t)r.t->elem_size) x->one_read = 0;
         }
@@ -155,7 +158,7 @@ uint64_t experts_slot_need(const df_store *st, const store_expert *x) {
     if (x->one_read) return io_span_bytes(x->loc.offset, x->loc.length);
     uint64_t n = 0;
     for (int m = 0; m < 3; m++)
-        for (int k = 0; k < KIND_COUNT; k++) {
+        for (int k = 0; k < TENSOR_PART_COUNT; k++) {
             store_ref r = x->part[m][k];
             if (r.t) n += io_span_bytes(store_ref_offset(st, r), r.t->end - r.t->begin) + IO_ALIGN;
         }
@@ -166,7 +169,7 @@ uint64_t experts_slot_need(const df_store *st, const store_expert *x) {
 static int store_expert_check_scales(const df_store *st, int layer, int e, const store_expert *x,
                                      const uint8_t *const scale[3], df_error *err) {
     for (int m = 0; m < 3; m++) {
-        store_ref r = x->part[m][KIND_SCALE];
+        store_ref r = x->part[m][TENSOR_PART_SCALE];
         if (!r.t) continue;
         const uint8_t *hit = memchr(scale[m], 0xFF, r.t->end - r.t->begin);
         if (!hit) continue;
@@ -181,7 +184,7 @@ static int store_expert_check_scales(const df_store *st, int layer, int e, const
 int experts_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df_error *err) {
     df_store *st = ctx;
     const store_expert *x = &st->experts[layer][e];
-    const uint8_t *ptr[3][KIND_COUNT] = {{0}};
+    const uint8_t *ptr[3][TENSOR_PART_COUNT] = {{0}};
     char what[96];
     snprintf(what, sizeof what, "expert %d of layer %d", e, layer);
     io_source *src = st->src_expert;
@@ -195,12 +198,12 @@ int experts_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df
         if (rc) return rc;
         const uint8_t *base = slot + x->loc.offset % IO_ALIGN;
         for (int m = 0; m < 3; m++)
-            for (int k = 0; k < KIND_COUNT; k++)
+            for (int k = 0; k < TENSOR_PART_COUNT; k++)
                 if (x->part[m][k].t) ptr[m][k] = base + (store_ref_offset(st, x->part[m][k]) - x->loc.offset);
     } else {
         uint64_t at = 0;
         for (int m = 0; m < 3; m++)
-            for (int k = 0; k < KIND_COUNT; k++) {
+            for (int k = 0; k < TENSOR_PART_COUNT; k++) {
                 store_ref r = x->part[m][k];
                 if (!r.t) continue;
                 uint64_t off = store_ref_offset(st, r), len = r.t->end - r.t->begin;
@@ -218,12 +221,12 @@ int experts_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df
     df_tensor *w[3] = {&view->w1, &view->w2, &view->w3};
     const uint8_t *scale[3] = {0};
     for (int m = 0; m < 3; m++) {
-        if (ptr[m][KIND_WEIGHT]) {
-            w[m]->data = ptr[m][KIND_WEIGHT];
+        if (ptr[m][TENSOR_PART_WEIGHT]) {
+            w[m]->data = ptr[m][TENSOR_PART_WEIGHT];
             continue;
         }
-        w[m]->data = ptr[m][KIND_PACKED];
-        w[m]->scale = scale[m] = ptr[m][KIND_SCALE];
+        w[m]->data = ptr[m][TENSOR_PART_PACKED];
+        w[m]->scale = scale[m] = ptr[m][TENSOR_PART_SCALE];
     }
     return store_expert_check_scales(st, layer, e, x, scale, err);
 }

@@ -12,26 +12,19 @@
 
 #include "../common/util.h"
 #include "st_write.h"
+#include "tensor_names.h"
 
-#define INT8_PREFIX "language_model."
 #define INT8_MIN_DIM 64
 #define INT8_DEFAULT_SHARD (4ull << 30)
 #define INT8_HEADER_ALIGN 64
 
-static int int8_ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 int int8_spine_eligible(const char *name, df_dtype dt, int ndim, const int64_t *shape) {
     if (ndim != 2 || shape[0] < INT8_MIN_DIM || shape[1] < INT8_MIN_DIM || shape[1] % 2) return 0;
     if (dt != DF_DT_F32 && dt != DF_DT_BF16 && dt != DF_DT_F16) return 0;
-    if (!strncmp(name, INT8_PREFIX, strlen(INT8_PREFIX))) name += strlen(INT8_PREFIX);
-    if (strncmp(name, "model.", 6) && strncmp(name, "lm_head.", 8)) return 0;
-    if (strstr(name, ".experts.")) return 0;                     /* routed experts ("shared_experts." is not) */
-    if (int8_ends_with(name, ".gate.weight")) return 0;           /* MoE router */
-    if (strstr(name, "kv_b_proj")) return 0;
-    return 1;
+    tensor_kind k;
+    tensor_class c = tensor_classify(name, tensor_family_guess(name), NULL, NULL, &k);
+    if (c != TENSOR_TOP && c != TENSOR_SPINE) return 0;   /* routed experts, unknown and non-text tensors */
+    return k != TN_MOE_ROUTER && k != TN_MLA_KV_B;
 }
 
 uint16_t int8_quantize_row(const float *w, int64_t n, int8_t *q) {
@@ -152,14 +145,9 @@ static int int8_open_source(int8_writer *w, const char *file, df_error *err) {
     return w->n_files++;
 }
 
-static void int8_consider(int8_writer *w, int file, const st_tensor *t, int prefixed) {
-    const char *rel = t->name;
-    if (prefixed) {
-        if (strncmp(rel, INT8_PREFIX, strlen(INT8_PREFIX))) return;
-        rel += strlen(INT8_PREFIX);
-    }
-    if (strncmp(rel, "model.", 6) && strncmp(rel, "lm_head.", 8)) return;
-    if (strstr(rel, ".experts.")) return;
+static void int8_consider(int8_writer *w, int file, const st_tensor *t) {
+    tensor_class c = tensor_classify(t->name, tensor_family_guess(t->name), NULL, NULL, NULL);
+    if (c != TENSOR_TOP && c != TENSOR_SPINE) return;
     w->stats->spine_bytes += t->end - t->begin;
     if (!int8_spine_eligible(t->name, t->dtype, t->ndim, t->shape)) return;
     if (w->n == w->cap) {
@@ -217,10 +205,7 @@ static int int8_collect(int8_writer *w, df_error *err) {
         all = xmalloc(sizeof *all * (size_t)(w->files[0].n_tensors + 1));
         for (int i = 0; i < w->files[0].n_tensors; i++) all[n_all++] = (int8_src){0, &w->files[0].tensors[i]};
     }
-    int prefixed = 0;
-    for (int64_t i = 0; i < n_all && !prefixed; i++)
-        prefixed = !strncmp(all[i].t->name, INT8_PREFIX, strlen(INT8_PREFIX));
-    for (int64_t i = 0; !rc && i < n_all; i++) int8_consider(w, all[i].file, all[i].t, prefixed);
+    for (int64_t i = 0; !rc && i < n_all; i++) int8_consider(w, all[i].file, all[i].t);
     if (w->n) qsort(w->v, (size_t)w->n, sizeof *w->v, int8_cmp_src);
     free(all);
     json_decref(root);

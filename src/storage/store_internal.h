@@ -18,17 +18,14 @@
 #include "safetensors.h"
 #include "spine.h"
 #include "store.h"
+#include "tensor_names.h"
 #include "tiles.h"
 #include "trace.h"
 
-#define STORE_PREFIX "language_model."
-#define STORE_MAX_LAYERS 4096
-#define STORE_MAX_EXPERTS 65536
 #define STORE_MAX_PROBLEMS 24
 #define STORE_IO_THREADS 8
 #define STORE_MIN_SLOTS 24
 
-enum { KIND_WEIGHT, KIND_PACKED, KIND_SCALE, KIND_SHAPE, KIND_COUNT };
 
 /* One tensor of the checkpoint as the store sees it: which shard, which header entry. */
 typedef struct store_ref {
@@ -55,7 +52,7 @@ struct df_store_layer {
 };
 
 typedef struct store_expert {
-    store_ref part[3][KIND_COUNT];   /* [w1,w2,w3][kind]; t == NULL when absent */
+    store_ref part[3][TENSOR_PART_COUNT];   /* [w1,w2,w3][TENSOR_PART_*]; t == NULL when absent */
     df_expert ex;
     store_expert_loc loc;
     int one_read;                    /* contiguous and every part aligned to its element size */
@@ -71,7 +68,7 @@ struct df_store {
     char *dir;
     char *config_text;
     char *model_type;
-    int prefixed;                    /* text tensors live under "language_model." */
+    tensor_family family;            /* of config model_type: how tensors are named (tensor_names.h) */
     int indexed;
     int n_shards;
     st_file *shards;
@@ -83,8 +80,8 @@ struct df_store {
     int *expert_shard;               /* per layer: a shard holding some of its experts */
     store_expert **experts;          /* per layer, n_experts[l] entries */
     /* statistics for store_describe */
-    int64_t n_tensors, n_ignored, n_unindexed;
-    uint64_t total_bytes, spine_bytes, expert_bytes, ignored_bytes;
+    int64_t n_tensors, n_ignored, n_unknown, n_unindexed;   /* ignored: non-text; unknown: not in the name table */
+    uint64_t total_bytes, spine_bytes, expert_bytes, ignored_bytes, unknown_bytes;
     store_dtype_stat dtypes[16];
     int n_dtypes;
     char *problems;

@@ -21,7 +21,7 @@ typedef struct fx_tensor {
     size_t bytes;
 } fx_tensor;
 
-static void fx_write_file(const char *dir, const char *name, const void *data, size_t n) {
+static inline void fx_write_file(const char *dir, const char *name, const void *data, size_t n) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
@@ -31,7 +31,7 @@ static void fx_write_file(const char *dir, const char *name, const void *data, s
     }
 }
 
-static void fx_write_text(const char *dir, const char *name, const char *text) {
+static inline void fx_write_text(const char *dir, const char *name, const char *text) {
     fx_write_file(dir, name, text, strlen(text));
 }
 
@@ -50,7 +50,7 @@ static inline void fx_write_raw(const char *dir, const char *name, uint64_t hlen
 /* A valid file of the tensors, laid out back to back in the given order by the library's writer (st_write.h),
  * the data region starting at a multiple of 8. Returns the header length; offs (if given) receives each
  * tensor's absolute offset. */
-static uint64_t fx_write_st(const char *dir, const char *name, const fx_tensor *ts, int n, uint64_t *offs) {
+static inline uint64_t fx_write_st(const char *dir, const char *name, const fx_tensor *ts, int n, uint64_t *offs) {
     st_write_tensor *wt = calloc((size_t)n + 1, sizeof *wt);
     const void **data = calloc((size_t)n + 1, sizeof *data);
     for (int i = 0; i < n; i++) {
@@ -78,7 +78,7 @@ static uint64_t fx_write_st(const char *dir, const char *name, const fx_tensor *
     return hlen - 8;
 }
 
-static void fx_mkdir(const char *dir, char *out, size_t cap) {
+static inline void fx_mkdir(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "/tmp/df_%s_XXXXXX", dir);
     if (!mkdtemp(out)) {
         perror("mkdtemp");
@@ -86,15 +86,15 @@ static void fx_mkdir(const char *dir, char *out, size_t cap) {
     }
 }
 
-static int fx_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+static inline int fx_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
 }
 
-static void fx_rmtree(const char *dir) { nftw(dir, fx_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void fx_rmtree(const char *dir) { nftw(dir, fx_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Deterministic filler bytes. */
-static void fx_fill(void *p, size_t n, uint32_t seed) {
+static inline void fx_fill(void *p, size_t n, uint32_t seed) {
     uint8_t *b = p;
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1664525u + 1013904223u;
