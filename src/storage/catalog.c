@@ -163,7 +163,6 @@ int catalog_collect(df_store *st, store_refs *refs, df_error *err) {
     return rc;
 }
 
-
 /* ---------------------------------------------------------------------------------------------------- */
 /* config.json */
 
@@ -199,7 +198,6 @@ int catalog_load_config(df_store *st, int *n_layers, df_error *err) {
     free(path);
     return rc;
 }
-
 
 /* ---------------------------------------------------------------------------------------------------- */
 /* Sorting tensors into top-level items, layer items and expert parts by the tensor-name table. */

@@ -29,8 +29,9 @@ static void store_unit_init(df_store *st, int layer, spine_unit *u) {
     u->r = xcalloc((size_t)n + 1, sizeof *u->r);
     for (int i = 0; i < n; i++) {
         region[i] = -1;
-        if (layer == st->n_layers && !strcmp(items[i].key, "model.embed_tokens.weight")) continue;
-        if (layer == st->n_layers && st->head_tiled && !strcmp(items[i].key, "lm_head.weight")) continue;
+        if (layer == st->n_layers && !strcmp(items[i].key, tensor_name_suffix(TN_EMBED))) continue;
+        if (layer == st->n_layers && st->head_tiled && !strcmp(items[i].key, tensor_name_suffix(TN_LM_HEAD)))
+            continue;
         region[i] = store_item_region(items, region, i);
         if (region[i] >= 0) continue;
         store_ref r = items[i].ref;
@@ -102,7 +103,7 @@ static int store_policy_open(df_store *st, df_error *err) {
 
 /* lm_head can be tiled when it is a plain matrix (the int8 copy keeps its row scales apart). */
 static int store_head_tileable(const df_store *st) {
-    const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+    const store_item *h = store_find_item(st->globals, st->n_globals, tensor_name_suffix(TN_LM_HEAD));
     return h && h->usable && !h->int8 && h->view.ndim == 2 && h->view.shape[0] >= 2;
 }
 
@@ -111,8 +112,8 @@ static int store_head_tileable(const df_store *st) {
  * (reserve, resident spine, two stream buffers, the minimum cache). */
 static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, spine_unit **out,
                                   int *n_units) {
-    const store_item *h =
-        tiled && store_head_tileable(st) ? store_find_item(st->globals, st->n_globals, "lm_head.weight") : NULL;
+    const store_item *h = tiled && store_head_tileable(st)
+                              ? store_find_item(st->globals, st->n_globals, tensor_name_suffix(TN_LM_HEAD)) : NULL;
     st->head_tiled = h != NULL;
     uint64_t row = h ? tensor_row_bytes(&h->view) : 0, floor = 0;
     if (h) {   /* tiles of the requested rows, else of the largest layer (at least 64 MiB, to keep reads big) */

@@ -193,7 +193,7 @@ void store_layer_release(df_store *st, const df_store_layer *l) {
 
 int store_head_tiles(const df_store *st, int64_t *rows_per_tile) {
     if (!st->head_tiled) {
-        const store_item *h = store_find_item(st->globals, st->n_globals, "lm_head.weight");
+        const store_item *h = store_find_item(st->globals, st->n_globals, tensor_name_suffix(TN_LM_HEAD));
         *rows_per_tile = h && h->view.ndim == 2 ? h->view.shape[0] : 0;
         return 1;
     }

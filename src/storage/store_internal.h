@@ -26,7 +26,6 @@
 #define STORE_IO_THREADS 8
 #define STORE_MIN_SLOTS 24
 
-
 /* One tensor of the checkpoint as the store sees it: which shard, which header entry. */
 typedef struct store_ref {
     int shard;
@@ -34,7 +33,7 @@ typedef struct store_ref {
 } store_ref;
 
 /* A layer tensor (key = suffix after "model.layers.{i}.") or a global (key = name relative to the text
- * root). The key points into the tensor's own name or at a static alias. */
+ * root). The key is the tensor-name table's canonical name of the tensor's kind (tensor_name_suffix). */
 typedef struct store_item {
     const char *key;
     store_ref ref;
