@@ -30,6 +30,7 @@
 #include "storage/budget.h"
 #include "storage/io.h"
 #include "storage/safetensors.h"
+#include "storage/tensor_names.h"
 
 #define PROBE_PATTERNS 8
 #define BENCH_RERUNS 3
@@ -128,37 +129,37 @@ static void probe_free(probe_disk *p) {
     free(p->spans);
 }
 
-/* Every routed expert's span: the tensors named "...experts.N.*" of one shard (adjacent in the header's name
- * order) from the first byte to the last, in a fixed pseudo-random order. */
+/* Every routed expert's span: its tensors (as the tensor-name table classifies them) of one shard, adjacent in
+ * the header's name order, from the first byte to the last, in a fixed pseudo-random order. */
 static void probe_find_experts(probe_disk *p) {
     int cap = 0;
     for (int f = 0; f < p->n; f++) {
         st_file sf;
         df_error e;
         if (st_file_open(&sf, p->paths[f], &e)) continue;
+        int layer, expert, nl, ne;
         for (int i = 0; i < sf.n_tensors;) {
-            const char *nm = sf.tensors[i].name, *x = strstr(nm, ".experts.");
-            if (!x) {
+            const char *nm = sf.tensors[i].name;
+            if (tensor_classify(nm, tensor_family_guess(nm), &layer, &expert, NULL) != TENSOR_EXPERT) {
                 i++;
                 continue;
             }
-            size_t plen = (size_t)(x + 9 - nm);
-            while (nm[plen] >= '0' && nm[plen] <= '9') plen++;
             uint64_t lo = UINT64_MAX, hi = 0;
             int j = i;
-            for (; j < sf.n_tensors && !strncmp(sf.tensors[j].name, nm, plen) && sf.tensors[j].name[plen] == '.'; j++) {
+            for (; j < sf.n_tensors; j++) {
+                const char *nj = sf.tensors[j].name;
+                if (tensor_classify(nj, tensor_family_guess(nj), &nl, &ne, NULL) != TENSOR_EXPERT || nl != layer ||
+                    ne != expert)
+                    break;
                 uint64_t off = st_tensor_offset(&sf, &sf.tensors[j]);
                 lo = DF_MIN(lo, off);
                 hi = DF_MAX(hi, off + sf.tensors[j].end - sf.tensors[j].begin);
             }
-            if (j == i) j++;
-            else {
-                if (p->n_spans == cap) {
-                    cap = cap ? 2 * cap : 256;
-                    p->spans = xrealloc(p->spans, sizeof *p->spans * (size_t)cap);
-                }
-                p->spans[p->n_spans++] = (probe_span){f, lo, hi - lo};
+            if (p->n_spans == cap) {
+                cap = cap ? 2 * cap : 256;
+                p->spans = xrealloc(p->spans, sizeof *p->spans * (size_t)cap);
             }
+            p->spans[p->n_spans++] = (probe_span){f, lo, hi - lo};
             i = j;
         }
         st_file_close(&sf);

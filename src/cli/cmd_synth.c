@@ -18,6 +18,8 @@
 #include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
+#include "storage/st_write.h"
+#include "storage/tensor_names.h"
 #include "synth_skew.h"
 
 #define SYN_ALIGN 16384u
@@ -50,8 +52,6 @@ typedef struct syn_dims {
     const float *bias;   /* --route-skew: [layers][experts] correction biases, NULL = random small ones */
 } syn_dims;
 
-static int elem_size(const char *dt) { return !strcmp(dt, "F32") ? 4 : !strcmp(dt, "BF16") ? 2 : 1; }
-
 /* Largest exponent for a matrix with `in` columns: values up to ~2/sqrt(in). */
 static int exp_for(int64_t in) {
     int e = 0;
@@ -59,99 +59,97 @@ static int exp_for(int64_t in) {
     return e;
 }
 
-static void add(syn_shard *s, const char *prefix, const char *name, const char *dtype, int gen, int ndim,
+/* Adds tensor `kind` of layer i (expert e) under its name in the tensor-name table for the family. */
+static void add(syn_shard *s, const syn_dims *D, tensor_kind kind, int i, int e, const char *dtype, int gen, int ndim,
                 int64_t a, int64_t b, int64_t c) {
     if (s->n == s->cap) s->t = xrealloc(s->t, sizeof *s->t * (size_t)(s->cap = s->cap ? 2 * s->cap : 64));
     syn_tensor *t = &s->t[s->n++];
     memset(t, 0, sizeof *t);
-    snprintf(t->name, sizeof t->name, "%s%s", prefix, name);
+    tensor_family fam = D->k3 ? TENSOR_FAMILY_K3 : TENSOR_FAMILY_KIMI_LINEAR;
+    DF_ASSERT(tensor_name_format(kind, fam, i, e, t->name, sizeof t->name) > 0);
     t->dtype = dtype;
     t->gen = gen;
     t->ndim = ndim;
     int64_t sh[3] = {a, b, c};
     uint64_t n = 1;
-    for (int i = 0; i < ndim; i++) n *= (uint64_t)(t->shape[i] = sh[i]);
-    t->bytes = n * (uint64_t)elem_size(dtype);
+    for (int k = 0; k < ndim; k++) n *= (uint64_t)(t->shape[k] = sh[k]);
+    t->bytes = n * (uint64_t)st_dtype_size(dtype);
     t->exp_hi = exp_for(ndim >= 2 ? t->shape[ndim - 1] : 16);
 }
 
-static void mat(syn_shard *s, const char *p, const char *n, int64_t rows, int64_t cols) {
-    add(s, p, n, "BF16", G_BF16, 2, rows, cols, 0);
+static void mat(syn_shard *s, const syn_dims *D, tensor_kind k, int i, int64_t rows, int64_t cols) {
+    add(s, D, k, i, -1, "BF16", G_BF16, 2, rows, cols, 0);
 }
-static void norm(syn_shard *s, const char *p, const char *n, int64_t len, int f32) {
-    add(s, p, n, f32 ? "F32" : "BF16", f32 ? G_F32_ONE : G_BF16_ONE, 1, len, 0, 0);
+static void norm(syn_shard *s, const syn_dims *D, tensor_kind k, int i, int64_t len, int f32) {
+    add(s, D, k, i, -1, f32 ? "F32" : "BF16", f32 ? G_F32_ONE : G_BF16_ONE, 1, len, 0, 0);
 }
 
 static void add_layer_spine(syn_shard *s, const syn_dims *D, int i) {
-    char p[128];
-    snprintf(p, sizeof p, "%smodel.layers.%d.", D->k3 ? "language_model." : "", i);
     int64_t d = D->d, pk = D->hk * D->dk;
-    norm(s, p, "input_layernorm.weight", d, 0);
-    norm(s, p, "post_attention_layernorm.weight", d, 0);
+    norm(s, D, TN_ATTN_NORM, i, d, 0);
+    norm(s, D, TN_FFN_NORM, i, d, 0);
     if (D->k3) {
-        norm(s, p, "self_attention_res_norm.weight", d, 0);
-        norm(s, p, "mlp_res_norm.weight", d, 0);
-        add(s, p, "self_attention_res_proj.weight", "BF16", G_BF16, 2, 1, d, 0);
-        add(s, p, "mlp_res_proj.weight", "BF16", G_BF16, 2, 1, d, 0);
+        norm(s, D, TN_ATTN_RES_NORM, i, d, 0);
+        norm(s, D, TN_MLP_RES_NORM, i, d, 0);
+        add(s, D, TN_ATTN_RES_PROJ, i, -1, "BF16", G_BF16, 2, 1, d, 0);
+        add(s, D, TN_MLP_RES_PROJ, i, -1, "BF16", G_BF16, 2, 1, d, 0);
     }
     if (i % 4 != 3) {   /* KDA */
-        static const char *const qkv[3] = {"q", "k", "v"};
-        char n[64];
+        static const tensor_kind proj[3] = {TN_ATTN_Q, TN_ATTN_K, TN_ATTN_V};
+        static const tensor_kind conv[3] = {TN_KDA_Q_CONV, TN_KDA_K_CONV, TN_KDA_V_CONV};
         for (int j = 0; j < 3; j++) {
-            snprintf(n, sizeof n, "self_attn.%s_proj.weight", qkv[j]);
-            mat(s, p, n, pk, d);
-            snprintf(n, sizeof n, "self_attn.%s_conv1d.weight", qkv[j]);
-            add(s, p, n, "F32", G_F32, 3, pk, 1, 4);
+            mat(s, D, proj[j], i, pk, d);
+            add(s, D, conv[j], i, -1, "F32", G_F32, 3, pk, 1, 4);
         }
-        mat(s, p, "self_attn.f_a_proj.weight", D->dk, d);
-        mat(s, p, "self_attn.f_b_proj.weight", pk, D->dk);
-        add(s, p, "self_attn.dt_bias", "F32", G_F32, 1, pk, 0, 0);
-        if (D->k3) add(s, p, "self_attn.A_log", "F32", G_ALOG, 1, D->dk, 0, 0);
-        else add(s, p, "self_attn.A_log", "F32", G_ALOG, 3, 1, 1, D->hk);
+        mat(s, D, TN_KDA_F_A, i, D->dk, d);
+        mat(s, D, TN_KDA_F_B, i, pk, D->dk);
+        add(s, D, TN_KDA_DT_BIAS, i, -1, "F32", G_F32, 1, pk, 0, 0);
+        if (D->k3) add(s, D, TN_KDA_A_LOG, i, -1, "F32", G_ALOG, 1, D->dk, 0, 0);
+        else add(s, D, TN_KDA_A_LOG, i, -1, "F32", G_ALOG, 3, 1, 1, D->hk);
         s->t[s->n - 1].n_valid = (int)D->hk;
         if (!D->k3) { s->t[s->n - 1].ndim = 4; s->t[s->n - 1].shape[3] = 1; }
-        mat(s, p, "self_attn.b_proj.weight", D->hk, d);
+        mat(s, D, TN_KDA_B, i, D->hk, d);
         if (D->k3) {
-            mat(s, p, "self_attn.g_proj.weight", pk, d);
+            mat(s, D, TN_ATTN_G, i, pk, d);
         } else {
-            mat(s, p, "self_attn.g_a_proj.weight", D->dk, d);
-            mat(s, p, "self_attn.g_b_proj.weight", pk, D->dk);
+            mat(s, D, TN_KDA_G_A, i, D->dk, d);
+            mat(s, D, TN_KDA_G_B, i, pk, D->dk);
         }
-        norm(s, p, "self_attn.o_norm.weight", D->dk, D->k3);
-        mat(s, p, "self_attn.o_proj.weight", d, pk);
+        norm(s, D, TN_KDA_O_NORM, i, D->dk, D->k3);
+        mat(s, D, TN_ATTN_O, i, d, pk);
     } else {            /* MLA */
         int64_t nq = D->nope + D->rope;
         if (D->q_lora) {
-            mat(s, p, "self_attn.q_a_proj.weight", D->q_lora, d);
-            norm(s, p, "self_attn.q_a_layernorm.weight", D->q_lora, 0);
-            mat(s, p, "self_attn.q_b_proj.weight", D->hm * nq, D->q_lora);
+            mat(s, D, TN_MLA_Q_A, i, D->q_lora, d);
+            norm(s, D, TN_MLA_Q_A_NORM, i, D->q_lora, 0);
+            mat(s, D, TN_MLA_Q_B, i, D->hm * nq, D->q_lora);
         } else {
-            mat(s, p, "self_attn.q_proj.weight", D->hm * nq, d);
+            mat(s, D, TN_ATTN_Q, i, D->hm * nq, d);
         }
-        mat(s, p, "self_attn.kv_a_proj_with_mqa.weight", D->kv_lora + D->rope, d);
-        norm(s, p, "self_attn.kv_a_layernorm.weight", D->kv_lora, 0);
-        mat(s, p, "self_attn.kv_b_proj.weight", D->hm * (D->nope + D->vdim), D->kv_lora);
-        if (D->k3) mat(s, p, "self_attn.g_proj.weight", D->hm * D->vdim, d);
-        mat(s, p, "self_attn.o_proj.weight", d, D->hm * D->vdim);
+        mat(s, D, TN_MLA_KV_A, i, D->kv_lora + D->rope, d);
+        norm(s, D, TN_MLA_KV_A_NORM, i, D->kv_lora, 0);
+        mat(s, D, TN_MLA_KV_B, i, D->hm * (D->nope + D->vdim), D->kv_lora);
+        if (D->k3) mat(s, D, TN_ATTN_G, i, D->hm * D->vdim, d);
+        mat(s, D, TN_ATTN_O, i, d, D->hm * D->vdim);
     }
     if (i == 0) {
-        mat(s, p, "mlp.gate_proj.weight", D->dense_inter, d);
-        mat(s, p, "mlp.up_proj.weight", D->dense_inter, d);
-        mat(s, p, "mlp.down_proj.weight", d, D->dense_inter);
+        mat(s, D, TN_FFN_GATE, i, D->dense_inter, d);
+        mat(s, D, TN_FFN_UP, i, D->dense_inter, d);
+        mat(s, D, TN_FFN_DOWN, i, d, D->dense_inter);
         return;
     }
-    mat(s, p, "block_sparse_moe.gate.weight", D->experts, d);
-    add(s, p, "block_sparse_moe.gate.e_score_correction_bias", "F32", D->bias ? G_VALS : G_F32, 1, D->experts, 0, 0);
+    mat(s, D, TN_MOE_ROUTER, i, D->experts, d);
+    add(s, D, TN_MOE_BIAS, i, -1, "F32", D->bias ? G_VALS : G_F32, 1, D->experts, 0, 0);
     s->t[s->n - 1].vals = D->bias ? D->bias + (size_t)i * (size_t)D->experts : NULL;
     if (D->k3) {
-        mat(s, p, "block_sparse_moe.routed_expert_down_proj.weight", D->dz, d);
-        norm(s, p, "block_sparse_moe.routed_expert_norm.weight", D->dz, 0);
-        mat(s, p, "block_sparse_moe.routed_expert_up_proj.weight", d, D->dz);
+        mat(s, D, TN_LATENT_DOWN, i, D->dz, d);
+        norm(s, D, TN_LATENT_NORM, i, D->dz, 0);
+        mat(s, D, TN_LATENT_UP, i, d, D->dz);
     }
     int64_t si = D->inter * D->n_shared;
-    mat(s, p, "block_sparse_moe.shared_experts.gate_proj.weight", si, d);
-    mat(s, p, "block_sparse_moe.shared_experts.up_proj.weight", si, d);
-    mat(s, p, "block_sparse_moe.shared_experts.down_proj.weight", d, si);
+    mat(s, D, TN_SHARED_GATE, i, si, d);
+    mat(s, D, TN_SHARED_UP, i, si, d);
+    mat(s, D, TN_SHARED_DOWN, i, d, si);
 }
 
 static int cmp_double(const void *a, const void *b) {
@@ -180,20 +178,15 @@ static void add_experts(syn_shard *s, const syn_dims *D, int i) {
     qsort(ids, (size_t)D->experts, sizeof *ids, cmp_str);
     int64_t dz = D->k3 ? D->dz : D->d, I = D->inter;
     for (int k = 0; k < D->experts; k++) {
-        char p[160];
-        snprintf(p, sizeof p, "%smodel.layers.%d.block_sparse_moe.experts.%s.", D->k3 ? "language_model." : "", i,
-                 ids[k]);
-        if (D->mxfp4) {
-            add(s, p, "w1.weight_packed", "U8", G_U8, 2, I, dz / 2, 0);
-            add(s, p, "w1.weight_scale", "U8", G_E8M0, 2, I, dz / 32, 0);
-            add(s, p, "w2.weight_packed", "U8", G_U8, 2, dz, I / 2, 0);
-            add(s, p, "w2.weight_scale", "U8", G_E8M0, 2, dz, I / 32, 0);
-            add(s, p, "w3.weight_packed", "U8", G_U8, 2, I, dz / 2, 0);
-            add(s, p, "w3.weight_scale", "U8", G_E8M0, 2, I, dz / 32, 0);
-        } else {
-            mat(s, p, "w1.weight", I, dz);
-            mat(s, p, "w2.weight", dz, I);
-            mat(s, p, "w3.weight", I, dz);
+        int e = atoi(ids[k]);
+        for (int m = 0; m < 3; m++) {
+            int64_t rows = m == 1 ? dz : I, cols = m == 1 ? I : dz;   /* w2 is [dz, I], w1 and w3 [I, dz] */
+            if (D->mxfp4) {
+                add(s, D, tensor_expert_kind(m, TENSOR_PART_PACKED), i, e, "U8", G_U8, 2, rows, cols / 2, 0);
+                add(s, D, tensor_expert_kind(m, TENSOR_PART_SCALE), i, e, "U8", G_E8M0, 2, rows, cols / 32, 0);
+            } else {
+                add(s, D, tensor_expert_kind(m, TENSOR_PART_WEIGHT), i, e, "BF16", G_BF16, 2, rows, cols, 0);
+            }
         }
         free(ids[k]);
     }
@@ -201,14 +194,13 @@ static void add_experts(syn_shard *s, const syn_dims *D, int i) {
 }
 
 static void add_globals(syn_shard *s, const syn_dims *D) {
-    const char *p = D->k3 ? "language_model." : "";
-    mat(s, p, "model.embed_tokens.weight", D->vocab, D->d);
+    mat(s, D, TN_EMBED, -1, D->vocab, D->d);
     s->t[s->n - 1].exp_hi = -2;
-    norm(s, p, "model.norm.weight", D->d, 0);
-    mat(s, p, "lm_head.weight", D->vocab, D->d);
+    norm(s, D, TN_FINAL_NORM, -1, D->d, 0);
+    mat(s, D, TN_LM_HEAD, -1, D->vocab, D->d);
     if (D->k3) {
-        norm(s, p, "model.output_attn_res_norm.weight", D->d, 0);
-        add(s, p, "model.output_attn_res_proj.weight", "BF16", G_BF16, 2, 1, D->d, 0);
+        norm(s, D, TN_OUT_RES_NORM, -1, D->d, 0);
+        add(s, D, TN_OUT_RES_PROJ, -1, -1, "BF16", G_BF16, 2, 1, D->d, 0);
     }
 }
 
@@ -285,36 +277,30 @@ static int write_all(int fd, const uint8_t *p, size_t n, const char *path) {
 
 static int write_shard(const char *dir, const char *file, const syn_shard *s, uint64_t seed, json_t *wmap,
                        uint64_t *total) {
-    json_t *h = json_object();
-    json_object_set_new(h, "__metadata__", json_pack("{s:s}", "format", "pt"));
-    uint64_t off = 0;
+    st_write_tensor *wt = xcalloc((size_t)s->n + 1, sizeof *wt);
     for (int i = 0; i < s->n; i++) {
         const syn_tensor *t = &s->t[i];
-        json_t *shape = json_array();
-        for (int k = 0; k < t->ndim; k++) json_array_append_new(shape, json_integer(t->shape[k]));
-        json_object_set_new(h, t->name, json_pack("{s:s,s:o,s:[I,I]}", "dtype", t->dtype, "shape", shape,
-                                                  "data_offsets", (json_int_t)off, (json_int_t)(off + t->bytes)));
+        wt[i] = (st_write_tensor){.name = t->name, .dtype = t->dtype, .ndim = t->ndim, .bytes = t->bytes};
+        memcpy(wt[i].shape, t->shape, sizeof t->shape);
         json_object_set_new(wmap, t->name, json_string(file));
-        off += t->bytes;
     }
-    *total += off;
-    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(h);
-    size_t tl = strlen(text);
-    uint64_t hl = (tl + 8 + SYN_ALIGN - 1) / SYN_ALIGN * SYN_ALIGN - 8;
+    static const char *const meta[] = {"format", "pt", NULL};
+    uint8_t *head = NULL;
+    size_t hl = 0;
+    uint64_t data = 0;
+    df_error err;
     char *path = df_path_join(dir, file);
-    int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int rc = fd < 0 ? -1 : 0;
-    if (fd < 0) fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
-    uint8_t *buf = xmalloc(SYN_CHUNK);
-    if (!rc) {
-        uint8_t len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(hl >> (8 * i));
-        memset(buf, ' ', hl);
-        memcpy(buf, text, tl);
-        rc = write_all(fd, len8, 8, path);
-        if (!rc) rc = write_all(fd, buf, hl, path);
+    int rc = st_write_header(wt, s->n, meta, SYN_ALIGN, &head, &hl, NULL, &data, &err) ? -1 : 0;
+    free(wt);
+    if (rc) fprintf(stderr, "deltafin synth: %s: %s\n", path, err.msg);
+    *total += data;
+    int fd = rc ? -1 : open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+    if (!rc && fd < 0) {
+        fprintf(stderr, "deltafin synth: %s: %s\n", path, strerror(errno));
+        rc = -1;
     }
+    if (!rc) rc = write_all(fd, head, hl, path);
+    uint8_t *buf = xmalloc(SYN_CHUNK);
     uint64_t rng = seed * 0x9E3779B97F4A7C15ull + 1;
     for (int i = 0; !rc && i < s->n; i++) {
         const syn_tensor *t = &s->t[i];
@@ -326,7 +312,7 @@ static int write_shard(const char *dir, const char *file, const syn_shard *s, ui
     }
     if (fd >= 0 && close(fd) && !rc) rc = -1;
     free(buf);
-    free(text);
+    free(head);
     free(path);
     return rc;
 }

@@ -8,10 +8,7 @@
 
 #include "../common/util.h"
 #include "safetensors.h"
-
-/* Layer and expert numbers past these are not routed experts of any model (and would not fit an int). */
-#define FPLAN_MAX_LAYER (1 << 20)
-#define FPLAN_MAX_EXPERT (1 << 24)
+#include "tensor_names.h"
 
 static int fplan_name_ok(const char *f) {
     if (!*f || f[0] == '/') return 0;
@@ -52,19 +49,6 @@ int fplan_index_shards(const char *json, size_t len, const char *src, char ***na
     return rc;
 }
 
-int fplan_expert_name(const char *name, int *layer, int *expert) {
-    const char *l = strstr(name, "model.layers."), *e = strstr(name, ".experts.");
-    if (!l || !e || e < l) return 0;
-    char *end;
-    long lv = strtol(l + 13, &end, 10), ev;
-    if (end == l + 13 || *end != '.' || lv < 0 || lv > FPLAN_MAX_LAYER) return 0;
-    ev = strtol(e + 9, &end, 10);
-    if (end == e + 9 || *end != '.' || end[1] != 'w' || ev < 0 || ev > FPLAN_MAX_EXPERT) return 0;
-    *layer = (int)lv;
-    *expert = (int)ev;
-    return 1;
-}
-
 static int fplan_cmp_begin(const void *a, const void *b) {
     const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
     return x->begin < y->begin ? -1 : x->begin > y->begin;
@@ -89,7 +73,8 @@ int fplan_layout_parse(fplan_layout *L, const char *name, const char *header, ui
     for (int i = 0; i < k; i++) {
         uint64_t b = f.data_start + t[i]->begin, n = t[i]->end - t[i]->begin;
         int layer, expert;
-        if (!fplan_expert_name(t[i]->name, &layer, &expert)) {
+        tensor_family fam = tensor_family_guess(t[i]->name);   /* a shard header carries no model_type */
+        if (tensor_classify(t[i]->name, fam, &layer, &expert, NULL) != TENSOR_EXPERT) {
             dc_span *r = &L->runs[L->n_runs - 1];
             if (r->off + r->len == b) r->len += n;
             else L->runs[L->n_runs++] = (dc_span){b, n};
@@ -116,11 +101,8 @@ int fplan_layout_fetch(fplan_layout *L, remote *r, const char *name, df_error *e
                            (unsigned long long)size), DF_EFORMAT);
     if (!rc) rc = remote_fetch(r, &q, 1, err);
     if (rc) return rc;
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
-    if (hl == 0 || hl > ST_MAX_HEADER || hl > size - 8)
-        return df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit the file (%llu bytes)", name,
-                            (unsigned long long)hl, (unsigned long long)size), DF_EFORMAT;
+    uint64_t hl;
+    if ((rc = st_header_length(len8, size, name, &hl, err))) return rc;
     char *h = xmalloc(hl + 1);
     q = (remote_req){.file = name, .off = 8, .len = hl, .what = "shard header", .dst = (uint8_t *)h};
     rc = remote_fetch(r, &q, 1, err);

@@ -2,7 +2,8 @@
  * moving any weight: the shard list from its index and, per shard, which byte spans are routed experts
  * (holes of a partial install) and which are not (the spine runs, header included). Everything read from
  * the remote goes through the same checks as a local file: the index through one weight_map parser, the
- * shard header through the safetensors parser storage opens local shards with. */
+ * shard header through the safetensors parser storage opens local shards with; routed experts are told from
+ * the spine by the tensor-name classifier storage uses (tensor_names.h). */
 #ifndef DF_STORE_FETCH_PLAN_H
 #define DF_STORE_FETCH_PLAN_H
 
@@ -39,7 +40,5 @@ int fplan_layout_parse(fplan_layout *L, const char *name, const char *header, ui
 /* The same, reading size and header of shard `name` from r. */
 int fplan_layout_fetch(fplan_layout *L, remote *r, const char *name, df_error *err);
 void fplan_layout_free(fplan_layout *L);
-/* "...model.layers.{L}.{mlp|block_sparse_moe}.experts.{E}.w{1,2,3}...": 1 with layer and expert set. */
-int fplan_expert_name(const char *name, int *layer, int *expert);
 
 #endif

@@ -11,26 +11,20 @@
 #include <unistd.h>
 
 #include "../common/util.h"
+#include "st_write.h"
+#include "tensor_names.h"
 
-#define INT8_PREFIX "language_model."
 #define INT8_MIN_DIM 64
 #define INT8_DEFAULT_SHARD (4ull << 30)
 #define INT8_HEADER_ALIGN 64
 
-static int int8_ends_with(const char *s, const char *suffix) {
-    size_t a = strlen(s), b = strlen(suffix);
-    return a >= b && !strcmp(s + a - b, suffix);
-}
-
 int int8_spine_eligible(const char *name, df_dtype dt, int ndim, const int64_t *shape) {
     if (ndim != 2 || shape[0] < INT8_MIN_DIM || shape[1] < INT8_MIN_DIM || shape[1] % 2) return 0;
     if (dt != DF_DT_F32 && dt != DF_DT_BF16 && dt != DF_DT_F16) return 0;
-    if (!strncmp(name, INT8_PREFIX, strlen(INT8_PREFIX))) name += strlen(INT8_PREFIX);
-    if (strncmp(name, "model.", 6) && strncmp(name, "lm_head.", 8)) return 0;
-    if (strstr(name, ".experts.")) return 0;                     /* routed experts ("shared_experts." is not) */
-    if (int8_ends_with(name, ".gate.weight")) return 0;           /* MoE router */
-    if (strstr(name, "kv_b_proj")) return 0;
-    return 1;
+    tensor_kind k;
+    tensor_class c = tensor_classify(name, tensor_family_guess(name), NULL, NULL, &k);
+    if (c != TENSOR_TOP && c != TENSOR_SPINE) return 0;   /* routed experts, unknown and non-text tensors */
+    return k != TN_MOE_ROUTER && k != TN_MLA_KV_B;
 }
 
 uint16_t int8_quantize_row(const float *w, int64_t n, int8_t *q) {
@@ -151,14 +145,9 @@ static int int8_open_source(int8_writer *w, const char *file, df_error *err) {
     return w->n_files++;
 }
 
-static void int8_consider(int8_writer *w, int file, const st_tensor *t, int prefixed) {
-    const char *rel = t->name;
-    if (prefixed) {
-        if (strncmp(rel, INT8_PREFIX, strlen(INT8_PREFIX))) return;
-        rel += strlen(INT8_PREFIX);
-    }
-    if (strncmp(rel, "model.", 6) && strncmp(rel, "lm_head.", 8)) return;
-    if (strstr(rel, ".experts.")) return;
+static void int8_consider(int8_writer *w, int file, const st_tensor *t) {
+    tensor_class c = tensor_classify(t->name, tensor_family_guess(t->name), NULL, NULL, NULL);
+    if (c != TENSOR_TOP && c != TENSOR_SPINE) return;
     w->stats->spine_bytes += t->end - t->begin;
     if (!int8_spine_eligible(t->name, t->dtype, t->ndim, t->shape)) return;
     if (w->n == w->cap) {
@@ -216,10 +205,7 @@ static int int8_collect(int8_writer *w, df_error *err) {
         all = xmalloc(sizeof *all * (size_t)(w->files[0].n_tensors + 1));
         for (int i = 0; i < w->files[0].n_tensors; i++) all[n_all++] = (int8_src){0, &w->files[0].tensors[i]};
     }
-    int prefixed = 0;
-    for (int64_t i = 0; i < n_all && !prefixed; i++)
-        prefixed = !strncmp(all[i].t->name, INT8_PREFIX, strlen(INT8_PREFIX));
-    for (int64_t i = 0; !rc && i < n_all; i++) int8_consider(w, all[i].file, all[i].t, prefixed);
+    for (int64_t i = 0; !rc && i < n_all; i++) int8_consider(w, all[i].file, all[i].t);
     if (w->n) qsort(w->v, (size_t)w->n, sizeof *w->v, int8_cmp_src);
     free(all);
     json_decref(root);
@@ -236,49 +222,50 @@ static char *int8_shard_name(int i, int n) {
     return xstrdup(buf);
 }
 
+#define INT8_META_METHOD "per-row absmax: scale = fp16(max|w|/127) (0 for a zero row), q = round(w/scale) " \
+                         "clamped to [-127,127]; NAME I8 [out,in] follows NAME_scale F16 [out]"
+#define INT8_META_RULE "2-D F32/BF16/F16 spine matrices with both dims >= 64 and even columns, except routed " \
+                       "experts, the MoE router (*.gate.weight) and kv_b_proj"
+
+/* The sidecar's metadata as key, value pairs (NULL-terminated); source is the checkpoint folder. */
+static void int8_metadata_pairs(const char *source, const char *pairs[11]) {
+    const char *v[] = {"format", "pt", "deltafin", "int8-spine 1", "source", source, "method", INT8_META_METHOD,
+                       "rule", INT8_META_RULE, NULL};
+    memcpy(pairs, v, sizeof v);
+}
+
 static json_t *int8_metadata(const char *dir) {
     char *abs = realpath(dir, NULL);
-    json_t *m = json_pack("{s:s, s:s, s:s, s:s, s:s}", "format", "pt", "deltafin", "int8-spine 1", "source",
-                          abs ? abs : dir, "method",
-                          "per-row absmax: scale = fp16(max|w|/127) (0 for a zero row), q = round(w/scale) "
-                          "clamped to [-127,127]; NAME I8 [out,in] follows NAME_scale F16 [out]",
-                          "rule", "2-D F32/BF16/F16 spine matrices with both dims >= 64 and even columns, except "
-                          "routed experts, the MoE router (*.gate.weight) and kv_b_proj");
+    const char *pairs[11];
+    int8_metadata_pairs(abs ? abs : dir, pairs);
+    json_t *m = json_object();
+    for (int i = 0; pairs[i]; i += 2) json_object_set_new(m, pairs[i], json_string(pairs[i + 1]));
     free(abs);
     return m;
 }
 
-/* Header for tensors [a, b): scale then data for each. Returns the JSON text padded so the data region
- * starts at a multiple of INT8_HEADER_ALIGN; *data_bytes gets the region size. */
-static char *int8_header(const int8_writer *w, int a, int b, uint64_t *data_bytes, size_t *hlen) {
-    json_t *h = json_object();
-    json_object_set_new(h, "__metadata__", int8_metadata(w->dir));
-    uint64_t off = 0;
+/* The first bytes of a shard of tensors [a, b) (scale then data for each), its data region starting at a multiple
+ * of INT8_HEADER_ALIGN. */
+static int int8_header(const int8_writer *w, int a, int b, uint8_t **head, size_t *hlen, df_error *err) {
+    st_write_tensor *ts = xcalloc(2 * (size_t)(b - a) + 1, sizeof *ts);
+    char **names = xcalloc((size_t)(b - a) + 1, sizeof *names);
     for (int i = a; i < b; i++) {
         const st_tensor *t = w->v[i].t;
-        size_t len = strlen(t->name);
-        char *sname = xmalloc(len + sizeof INT8_SPINE_SCALE_SUFFIX);
-        memcpy(sname, t->name, len);
-        memcpy(sname + len, INT8_SPINE_SCALE_SUFFIX, sizeof INT8_SPINE_SCALE_SUFFIX);
-        uint64_t sb = (uint64_t)t->shape[0] * 2, qb = (uint64_t)t->shape[0] * (uint64_t)t->shape[1];
-        json_object_set_new(h, sname, json_pack("{s:s, s:[I], s:[I, I]}", "dtype", "F16", "shape",
-                                                (json_int_t)t->shape[0], "data_offsets", (json_int_t)off,
-                                                (json_int_t)(off + sb)));
-        json_object_set_new(h, t->name, json_pack("{s:s, s:[I, I], s:[I, I]}", "dtype", "I8", "shape",
-                                                  (json_int_t)t->shape[0], (json_int_t)t->shape[1], "data_offsets",
-                                                  (json_int_t)(off + sb), (json_int_t)(off + sb + qb)));
-        off += sb + qb;
-        free(sname);
+        names[i - a] = xmalloc(strlen(t->name) + sizeof INT8_SPINE_SCALE_SUFFIX);
+        sprintf(names[i - a], "%s%s", t->name, INT8_SPINE_SCALE_SUFFIX);
+        uint64_t rows = (uint64_t)t->shape[0], cols = (uint64_t)t->shape[1];
+        ts[2 * (i - a)] = (st_write_tensor){names[i - a], "F16", 1, {t->shape[0]}, rows * 2};
+        ts[2 * (i - a) + 1] = (st_write_tensor){t->name, "I8", 2, {t->shape[0], t->shape[1]}, rows * cols};
     }
-    char *text = json_dumps(h, JSON_COMPACT | JSON_PRESERVE_ORDER);
-    json_decref(h);
-    size_t n = strlen(text), padded = n + (INT8_HEADER_ALIGN - (8 + n) % INT8_HEADER_ALIGN) % INT8_HEADER_ALIGN;
-    text = xrealloc(text, padded + 1);
-    memset(text + n, ' ', padded - n);
-    text[padded] = 0;
-    *hlen = padded;
-    *data_bytes = off;
-    return text;
+    char *abs = realpath(w->dir, NULL);
+    const char *meta[11];
+    int8_metadata_pairs(abs ? abs : w->dir, meta);
+    int rc = st_write_header(ts, 2 * (b - a), meta, INT8_HEADER_ALIGN, head, hlen, NULL, NULL, err);
+    free(abs);
+    for (int i = 0; i < b - a; i++) free(names[i]);
+    free(names);
+    free(ts);
+    return rc;
 }
 
 /* Quantises tensor t row by row to f at its current position: data first (after room for the scales), then
@@ -324,18 +311,13 @@ static int int8_write_tensor(const st_file *src, const st_tensor *t, FILE *f, co
 static int int8_write_shard(int8_writer *w, int a, int b, const char *name, df_error *err) {
     char *path = df_path_join(w->dir, name), *tmp = xmalloc(strlen(path) + 8);
     sprintf(tmp, "%s.tmp", path);
-    uint64_t data_bytes;
     size_t hlen;
-    char *header = int8_header(w, a, b, &data_bytes, &hlen);
-    FILE *f = fopen(tmp, "wb");
-    int rc = DF_OK;
-    if (!f) {
-        rc = (df_error_set(err, DF_EIO, "%s: cannot create", tmp), DF_EIO);
-    } else {
-        uint8_t len8[8];
-        for (int i = 0; i < 8; i++) len8[i] = (uint8_t)((uint64_t)hlen >> (8 * i));
-        if (fwrite(len8, 1, 8, f) != 8 || fwrite(header, 1, hlen, f) != hlen)
-            rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
+    uint8_t *header = NULL;
+    int rc = int8_header(w, a, b, &header, &hlen, err);
+    FILE *f = rc ? NULL : fopen(tmp, "wb");
+    if (!rc && !f) rc = (df_error_set(err, DF_EIO, "%s: cannot create", tmp), DF_EIO);
+    if (f) {
+        if (fwrite(header, 1, hlen, f) != hlen) rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
         for (int i = a; i < b && !rc; i++) {
             rc = int8_write_tensor(&w->files[w->v[i].file], w->v[i].t, f, tmp, err);
             if (!rc) {

@@ -20,8 +20,9 @@
 #define INT8_SPINE_INDEX "spine-int8.safetensors.index.json"
 #define INT8_SPINE_SCALE_SUFFIX "_scale"
 
-/* Whether a checkpoint tensor is quantised: a 2-D F32/BF16/F16 text-model matrix with both dims >= 64 and an
- * even column count, that is not a routed expert, not the MoE router (expert choice is kept exact) and not
+/* Whether a checkpoint tensor is quantised: a 2-D F32/BF16/F16 matrix with both dims >= 64 and an even column
+ * count, that the tensor-name table (tensor_names.h) files as a top-level or per-layer spine tensor (not a
+ * routed expert, not an unknown or non-text name), not the MoE router (expert choice is kept exact) and not
  * kv_b_proj (absorbed MLA reads it transposed, which the I8 kernels do not do). Everything else — norms,
  * biases, conv weights, A_log, small matrices — stays as the checkpoint has it. */
 int int8_spine_eligible(const char *name, df_dtype dt, int ndim, const int64_t *shape);

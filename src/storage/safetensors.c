@@ -39,6 +39,22 @@ static const st_dtype_info *st_dtype_lookup(const char *s) {
     return NULL;
 }
 
+int st_dtype_size(const char *name) {
+    const st_dtype_info *d = name ? st_dtype_lookup(name) : NULL;
+    return d ? d->size : 0;
+}
+
+int st_header_length(const uint8_t len8[8], uint64_t file_size, const char *path, uint64_t *header_len,
+                     df_error *err) {
+    uint64_t hl = 0;
+    for (int i = 7; i >= 0; i--) hl = hl << 8 | len8[i];
+    *header_len = hl;
+    if (file_size >= 8 && hl && hl <= ST_MAX_HEADER && hl <= file_size - 8) return DF_OK;
+    return df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit a file of %llu bytes (truncated or not "
+                        "a safetensors file?)", path, (unsigned long long)hl, (unsigned long long)file_size),
+           DF_EFORMAT;
+}
+
 static int st_cmp_name(const void *a, const void *b) {
     return strcmp(((const st_tensor *)a)->name, ((const st_tensor *)b)->name);
 }
@@ -199,11 +215,8 @@ int st_file_open(st_file *f, const char *path, df_error *err) {
         return DF_EIO;
     }
     f->map = m;
-    uint64_t hl = 0;
-    for (int i = 7; i >= 0; i--) hl = hl << 8 | f->map[i];
-    if (hl > ST_MAX_HEADER || hl > f->size - 8) {
-        df_error_set(err, DF_EFORMAT, "%s: header length %llu runs past the end of the file (%zu bytes; "
-                     "truncated or not a safetensors file?)", path, (unsigned long long)hl, f->size);
+    uint64_t hl;
+    if (st_header_length(f->map, f->size, path, &hl, err)) {
         st_file_close(f);
         return DF_EFORMAT;
     }
@@ -218,9 +231,10 @@ int st_header_parse(st_file *f, const char *path, const char *json, uint64_t hea
                     df_error *err) {
     memset(f, 0, sizeof *f);
     f->path = xstrdup(path);
-    if (header_len > ST_MAX_HEADER || file_size < 8 || header_len > file_size - 8) {
-        df_error_set(err, DF_EFORMAT, "%s: header length %llu does not fit a file of %llu bytes", path,
-                     (unsigned long long)header_len, (unsigned long long)file_size);
+    uint8_t len8[8];
+    for (int i = 0; i < 8; i++) len8[i] = (uint8_t)(header_len >> (8 * i));
+    uint64_t hl;
+    if (st_header_length(len8, file_size, path, &hl, err)) {
         st_file_close(f);
         return DF_EFORMAT;
     }

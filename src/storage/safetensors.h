@@ -39,6 +39,12 @@ typedef struct st_file {
     uint64_t covered;        /* data-region bytes covered by some tensor */
 } st_file;
 
+/* The header length in a file's first 8 bytes (little-endian), checked to be non-zero, at most ST_MAX_HEADER and
+ * inside a file of file_size bytes; the error names path. */
+int st_header_length(const uint8_t len8[8], uint64_t file_size, const char *path, uint64_t *header_len,
+                     df_error *err);
+/* Bytes per element of a safetensors dtype name ("BF16" -> 2), 0 for a name the format does not have. */
+int st_dtype_size(const char *name);
 /* Maps and validates the file; on failure fills err naming the file (and the tensor at fault). */
 int st_file_open(st_file *f, const char *path, df_error *err);
 /* The same checks on a header held in memory (json: header_len bytes, read from a remote shard of

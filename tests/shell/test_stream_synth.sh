@@ -17,8 +17,9 @@ else
     bad "synth failed: $(tail -3 "$dir/out")"; exit 0
 fi
 [ "$(find "$dir/m" -name 'model-*.safetensors' | wc -l)" = 3 ] && ok "one shard per layer" || bad "shard count"
-if $bin info -m "$dir/m" >"$dir/info" 2>&1 && grep -q "every tensor present" "$dir/info" && grep -q "problems: none" "$dir/info"; then
-    ok "info: tensors check out, no problems"
+if $bin info -m "$dir/m" >"$dir/info" 2>&1 && grep -q "every tensor present" "$dir/info" && grep -q "problems: none" "$dir/info" &&
+   ! grep -q "^unknown:" "$dir/info"; then
+    ok "info: tensors check out, every name is in the tensor-name table, no problems"
 else
     bad "info: $(grep -iE 'problem|error' "$dir/info" | head -3)"
 fi

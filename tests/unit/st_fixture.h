@@ -10,6 +10,8 @@
 #include <string.h>
 #include <unistd.h>
 
+#include "storage/st_write.h"
+
 typedef struct fx_tensor {
     const char *name;
     const char *dtype;
@@ -19,7 +21,7 @@ typedef struct fx_tensor {
     size_t bytes;
 } fx_tensor;
 
-static void fx_write_file(const char *dir, const char *name, const void *data, size_t n) {
+static inline void fx_write_file(const char *dir, const char *name, const void *data, size_t n) {
     char path[1024];
     snprintf(path, sizeof path, "%s/%s", dir, name);
     FILE *f = fopen(path, "wb");
@@ -29,12 +31,12 @@ static void fx_write_file(const char *dir, const char *name, const void *data, s
     }
 }
 
-static void fx_write_text(const char *dir, const char *name, const char *text) {
+static inline void fx_write_text(const char *dir, const char *name, const char *text) {
     fx_write_file(dir, name, text, strlen(text));
 }
 
 /* A file of an explicit header (length field = hlen, normally strlen(header)) and data region. */
-static void fx_write_raw(const char *dir, const char *name, uint64_t hlen, const char *header, const void *data,
+static inline void fx_write_raw(const char *dir, const char *name, uint64_t hlen, const char *header, const void *data,
                          size_t dlen) {
     size_t hl = strlen(header), n = 8 + hl + dlen;
     uint8_t *buf = malloc(n);
@@ -45,36 +47,38 @@ static void fx_write_raw(const char *dir, const char *name, uint64_t hlen, const
     free(buf);
 }
 
-/* A valid file of the tensors, laid out back to back in the given order; header padded with spaces to a
- * multiple of 8. Returns the header length; offs (if given) receives each tensor's absolute offset. */
-static uint64_t fx_write_st(const char *dir, const char *name, const fx_tensor *ts, int n, uint64_t *offs) {
-    size_t cap = 256 + (size_t)n * 256, len = 0, dlen = 0;
-    char *h = malloc(cap);
-    len += (size_t)snprintf(h + len, cap - len, "{\"__metadata__\":{\"format\":\"pt\"}");
+/* A valid file of the tensors, laid out back to back in the given order by the library's writer (st_write.h),
+ * the data region starting at a multiple of 8. Returns the header length; offs (if given) receives each
+ * tensor's absolute offset. */
+static inline uint64_t fx_write_st(const char *dir, const char *name, const fx_tensor *ts, int n, uint64_t *offs) {
+    st_write_tensor *wt = calloc((size_t)n + 1, sizeof *wt);
+    const void **data = calloc((size_t)n + 1, sizeof *data);
     for (int i = 0; i < n; i++) {
-        len += (size_t)snprintf(h + len, cap - len, ",\"%s\":{\"dtype\":\"%s\",\"shape\":[", ts[i].name, ts[i].dtype);
-        for (int d = 0; d < ts[i].ndim; d++)
-            len += (size_t)snprintf(h + len, cap - len, "%s%lld", d ? "," : "", (long long)ts[i].shape[d]);
-        len += (size_t)snprintf(h + len, cap - len, "],\"data_offsets\":[%zu,%zu]}", dlen, dlen + ts[i].bytes);
-        dlen += ts[i].bytes;
+        wt[i] = (st_write_tensor){.name = ts[i].name, .dtype = ts[i].dtype, .ndim = ts[i].ndim, .bytes = ts[i].bytes};
+        memcpy(wt[i].shape, ts[i].shape, sizeof ts[i].shape);
+        data[i] = ts[i].data;
     }
-    len += (size_t)snprintf(h + len, cap - len, "}");
-    while (len % 8) h[len++] = ' ';
-    h[len] = 0;
-    uint8_t *data = malloc(dlen ? dlen : 1);
-    size_t o = 0;
-    for (int i = 0; i < n; i++) {
-        if (offs) offs[i] = 8 + len + o;
-        if (ts[i].bytes) memcpy(data + o, ts[i].data, ts[i].bytes);
-        o += ts[i].bytes;
+    static const char *const meta[] = {"format", "pt", NULL};
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s", dir, name);
+    uint8_t *head;
+    size_t hlen;
+    uint64_t *rel = calloc((size_t)n + 1, sizeof *rel);
+    df_error err;
+    if (st_write_header(wt, n, meta, 8, &head, &hlen, rel, NULL, &err) ||
+        st_write_file(path, wt, data, n, meta, 8, &err)) {
+        fprintf(stderr, "fixture %s: %s\n", path, err.msg);
+        exit(2);
     }
-    fx_write_raw(dir, name, len, h, data, dlen);
+    for (int i = 0; offs && i < n; i++) offs[i] = hlen + rel[i];
+    free(head);
+    free(rel);
     free(data);
-    free(h);
-    return len;
+    free(wt);
+    return hlen - 8;
 }
 
-static void fx_mkdir(const char *dir, char *out, size_t cap) {
+static inline void fx_mkdir(const char *dir, char *out, size_t cap) {
     snprintf(out, cap, "/tmp/df_%s_XXXXXX", dir);
     if (!mkdtemp(out)) {
         perror("mkdtemp");
@@ -82,15 +86,15 @@ static void fx_mkdir(const char *dir, char *out, size_t cap) {
     }
 }
 
-static int fx_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
+static inline int fx_rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
     (void)sb, (void)flag, (void)ftw;
     return remove(p);
 }
 
-static void fx_rmtree(const char *dir) { nftw(dir, fx_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
+static inline void fx_rmtree(const char *dir) { nftw(dir, fx_rm_one, 16, FTW_DEPTH | FTW_PHYS); }
 
 /* Deterministic filler bytes. */
-static void fx_fill(void *p, size_t n, uint32_t seed) {
+static inline void fx_fill(void *p, size_t n, uint32_t seed) {
     uint8_t *b = p;
     for (size_t i = 0; i < n; i++) {
         seed = seed * 1664525u + 1013904223u;

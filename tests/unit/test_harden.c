@@ -133,7 +133,8 @@ static int header_err(const char *json, int64_t extra, df_error *err) {
 static void test_headers(void) {
     df_error err;
     const char *ok = "{\"a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-                     "\"model.layers.1.mlp.experts.0.w1.weight\":{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,12]}}";
+                     "\"model.layers.1.block_sparse_moe.experts.0.w1.weight\":"
+                     "{\"dtype\":\"U8\",\"shape\":[4],\"data_offsets\":[8,12]}}";
     uint64_t size = 8 + strlen(ok) + 12;
     fplan_layout L;
     int rc = fplan_layout_parse(&L, "s", ok, strlen(ok), size, &err);

@@ -282,8 +282,9 @@ static void test_kimi_linear(const char *dir) {
               !memcmp(t->data, gate, sizeof gate),
           "HF-saved dense FFN (block_sparse_moe.gate_proj) answers to mlp.gate_proj.weight");
     CHECK(t && (uintptr_t)t->data % 2 == 0, "a misaligned BF16 tensor is served aligned");
-    CHECK(store_layer_tensor(l0, "mlp.down_proj.weight") && store_layer_tensor(l0, "block_sparse_moe.up_proj.weight"),
-          "both names work");
+    CHECK(store_layer_tensor(l0, "mlp.down_proj.weight") && store_layer_tensor(l0, "mlp.up_proj.weight") &&
+              !store_layer_tensor(l0, "block_sparse_moe.up_proj.weight"),
+          "the dense FFN is served under the table's canonical names only");
     CHECK(store_expert_count(st, 1) == 2, "two bf16 experts");
     df_expert ex;
     rc = store_expert_acquire(st, 1, 1, &ex, &err);
