@@ -210,12 +210,6 @@ typedef struct df_profile {
 void df_engine_profile(const df_engine *eng, df_profile *out);
 void df_engine_profile_reset(df_engine *eng);
 
-void df_error_set(df_error *err, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
-
 #ifdef __cplusplus
 }
 #endif
