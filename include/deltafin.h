@@ -67,13 +67,13 @@ typedef struct df_engine_opts {
     const char *isa;          /* kernel ISA ("scalar", "avx2", "avx512", "neon"); NULL = best, or $DELTAFIN_ISA */
     /* storage: one memory budget for the resident spine, the expert cache and working buffers */
     uint64_t mem_budget;      /* bytes; 0 = 3/4 of physical RAM or of the memory-cgroup limit if lower */
-    int expert_cache_slots;   /* > 0: exactly this many expert slots (tests, experiments); 0 = from the budget */
+    int cache_slots;          /* > 0: exactly this many expert slots (tests, experiments); 0 = from the budget */
     int spine_stream;         /* 1: stream every layer's spine through two buffers even when it would fit */
     int buffered_io;          /* 1: buffered reads + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;           /* I/O threads; 0 = 8 */
     const char *remote_url;   /* a partial install streams missing experts from this repository URL */
     int spine;                /* DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
-    int io_mode;              /* O_DIRECT reader: 0 = the faster one measured here (io_uring), 1 = pread thread
+    int io_kind;              /* O_DIRECT reader (--io): 0 = the faster one measured here (io_uring), 1 = pread thread
                                  pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
     int lookahead;            /* DF_LOOKAHEAD_*: predict layer i+1's experts with its router on layer i's MoE input
                                  and read them early (never changes results); auto (0, the default) reads a

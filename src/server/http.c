@@ -180,7 +180,7 @@ static void *watch_main(void *arg) {
                 shutdown(w->fd, SHUT_RDWR);
                 w->deadline = 0;
                 pthread_mutex_lock(&s->m.mu);
-                s->m.conn_timeouts++;
+                s->m.connections_timed_out++;
                 pthread_mutex_unlock(&s->m.mu);
             }
     }
