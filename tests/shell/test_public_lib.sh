@@ -60,6 +60,14 @@ else
     echo "not ok - the public-API program does not build against the installed archive: $(head -c 600 "$tmp/cc.log")"
 fi
 
+if command -v c++ >/dev/null; then
+    # shellcheck disable=SC2086
+    printf '#include <deltafin.h>\nint main() { df_engine_opts o; df_engine_opts_default(&o); return o.n_threads; }\n' |
+        c++ -Wall -Wextra -Werror -x c++ -o "$tmp/cxx" - $flags >"$tmp/cxx.log" 2>&1 && "$tmp/cxx" \
+        && echo "ok - a C++ program includes <deltafin.h> and links against the installed archive" \
+        || echo "not ok - C++ use of the installed library: $(head -c 300 "$tmp/cxx.log")"
+fi
+
 # An internal function is not reachable from the installed archive, while the internal one still has it (so
 # the link failure is the hiding, not a typo in the program).
 cat >"$tmp/internal.c" <<'PROG'
