@@ -52,6 +52,20 @@ $(B)/libdeltafin.a: $(LIB_OBJ)
 	@echo "AR  $@"
 	@ar rcs $@ $^
 
+# The library's objects keep their internals hidden (DF_API in include/deltafin.h marks what is exported). The
+# CLI, server and tests link build/libdeltafin.a, internals included; the installed archive is
+# $(B)/dist/libdeltafin.a: all library objects linked into one relocatable object whose hidden symbols are
+# made local, so that consumers see the df_* API and nothing else (tests/shell/test_public_lib.sh checks it).
+$(LIB_OBJ) $(ASAN_LIB_OBJ) $(CHECK_LIB_OBJ): CFLAGS += -fvisibility=hidden
+
+$(B)/dist/libdeltafin.a: $(LIB_OBJ)
+	@mkdir -p $(dir $@)
+	@rm -f $@ $(B)/dist/libdeltafin.o
+	@echo "AR  $@ (public symbols only)"
+	@$(LD) -r -o $(B)/dist/libdeltafin.o $^
+	@objcopy --localize-hidden $(B)/dist/libdeltafin.o
+	@ar rcs $@ $(B)/dist/libdeltafin.o
+
 $(B)/check/libdeltafin.a: $(CHECK_LIB_OBJ)
 	@rm -f $@
 	@echo "AR  $@"
@@ -102,12 +116,20 @@ clang-check:
 	$(MAKE) --no-print-directory CC=clang B=build/clang BIN=build/clang/deltafin build/clang/deltafin
 
 # The binary in PREFIX/bin and the bundled model in PREFIX/share/deltafin/models/default, where the installed
-# binary finds it as its default model.
+# binary finds it as its default model; the library for C programs (include/deltafin.h, lib/libdeltafin.a and
+# a pkg-config file naming the libraries it needs: `pkg-config --cflags --libs deltafin`).
 PREFIX ?= /usr/local
-install: $(BIN)
-	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/deltafin/models/default
+install: $(BIN) $(B)/dist/libdeltafin.a
+	install -d $(DESTDIR)$(PREFIX)/bin $(DESTDIR)$(PREFIX)/share/deltafin/models/default \
+		$(DESTDIR)$(PREFIX)/include $(DESTDIR)$(PREFIX)/lib/pkgconfig
 	install -m 755 $(BIN) $(DESTDIR)$(PREFIX)/bin/deltafin
 	install -m 644 models/default/* $(DESTDIR)$(PREFIX)/share/deltafin/models/default/
+	install -m 644 include/deltafin.h $(DESTDIR)$(PREFIX)/include/deltafin.h
+	install -m 644 $(B)/dist/libdeltafin.a $(DESTDIR)$(PREFIX)/lib/libdeltafin.a
+	printf '%s\n' 'prefix=$(PREFIX)' 'Name: deltafin' 'Description: Kimi-Linear / Kimi K3 inference library' \
+		"Version: $$(sed -n 's/^#define DF_VERSION "\(.*\)"/\1/p' include/deltafin.h)" \
+		'Requires: $(PKGS)' 'Cflags: -I$${prefix}/include' 'Libs: -L$${prefix}/lib -ldeltafin -lm -pthread' \
+		>$(DESTDIR)$(PREFIX)/lib/pkgconfig/deltafin.pc
 
 clean:
 	rm -rf build deltafin

@@ -7,10 +7,16 @@
  * Errors: every call that can fail returns DF_OK (0) or a negative df_status and fills a df_error with a
  * message naming the file/tensor/field at fault. Only programming errors and out-of-memory abort.
  *
- * Threading: one evaluation per engine at a time. Calls that evaluate (df_session_eval, _sync, _truncate,
- * df_batch_eval) or change a session of an engine must not run concurrently with each other on that
- * engine; the engine parallelises each evaluation internally. Several sessions are evaluated together
- * through one df_batch, not from several threads. */
+ * Threading: an engine runs one evaluation at a time. The calls that evaluate (df_session_eval, _sync,
+ * _truncate, df_batch_eval) must not overlap each other on one engine, nor overlap df_engine_check, _describe,
+ * _stats, _pass_rows, _profile, _profile_reset or _lookahead_layer, which read what an evaluation changes
+ * without locks; the caller serialises them (the server makes all of them on its one worker thread). Each
+ * evaluation is spread over the engine's own threads, and several sessions advance in one pass through a
+ * df_batch, not from several threads. A session belongs to one caller at a time: nothing else may touch it
+ * while it is evaluated or changed. Beyond that, sessions are independent: copy, reset, save, load and the
+ * queries of sessions that are not being evaluated may run beside another session's evaluation.
+ * df_engine_info and df_session_state_bytes depend only on the model's shape and may be called at any time.
+ * Different engines share nothing and may be used from different threads. */
 #ifndef DELTAFIN_H
 #define DELTAFIN_H
 
@@ -19,6 +25,14 @@
 
 /* The release this header belongs to (`deltafin --version`). */
 #define DF_VERSION "0.1.0"
+
+/* DF_API marks what the library exports: it is built with -fvisibility=hidden, so every other function in it
+ * is internal (the installed archive and its consumers see only these). */
+#if defined(__GNUC__)
+#define DF_API __attribute__((visibility("default")))
+#else
+#define DF_API
+#endif
 
 #ifdef __cplusplus
 extern "C" {
@@ -53,13 +67,13 @@ typedef struct df_engine_opts {
     const char *isa;          /* kernel ISA ("scalar", "avx2", "avx512", "neon"); NULL = best, or $DELTAFIN_ISA */
     /* storage: one memory budget for the resident spine, the expert cache and working buffers */
     uint64_t mem_budget;      /* bytes; 0 = 3/4 of physical RAM or of the memory-cgroup limit if lower */
-    int expert_cache_slots;   /* > 0: exactly this many expert slots (tests, experiments); 0 = from the budget */
+    int cache_slots;          /* > 0: exactly this many expert slots (tests, experiments); 0 = from the budget */
     int spine_stream;         /* 1: stream every layer's spine through two buffers even when it would fit */
     int buffered_io;          /* 1: buffered reads + POSIX_FADV_DONTNEED instead of O_DIRECT */
     int io_threads;           /* I/O threads; 0 = 8 */
     const char *remote_url;   /* a partial install streams missing experts from this repository URL */
     int spine;                /* DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
-    int io_mode;              /* O_DIRECT reader: 0 = the faster one measured here (io_uring), 1 = pread thread
+    int io_kind;              /* O_DIRECT reader (--io): 0 = the faster one measured here (io_uring), 1 = pread thread
                                  pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
     int lookahead;            /* DF_LOOKAHEAD_*: predict layer i+1's experts with its router on layer i's MoE input
                                  and read them early (never changes results); auto (0, the default) reads a
@@ -89,65 +103,65 @@ typedef struct df_model_info {
     int64_t max_context;
 } df_model_info;
 
-void df_engine_opts_default(df_engine_opts *opts);
-int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
-void df_engine_free(df_engine *eng);
-const df_model_info *df_engine_info(const df_engine *eng);
+DF_API void df_engine_opts_default(df_engine_opts *opts);
+DF_API int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
+DF_API void df_engine_free(df_engine *eng);
+DF_API const df_model_info *df_engine_info(const df_engine *eng);
 /* Checks every tensor the forward pass will use against the config (names, shapes, dtypes). */
-int df_engine_check(df_engine *eng, df_error *err);
+DF_API int df_engine_check(df_engine *eng, df_error *err);
 /* Writes a human-readable description (family, schedule, byte counts, dtypes, problems) to buf. */
-int df_engine_describe(const df_engine *eng, char *buf, size_t cap);
+DF_API int df_engine_describe(const df_engine *eng, char *buf, size_t cap);
 
-int df_session_init(df_session **out, df_engine *eng, df_error *err);
-void df_session_free(df_session *s);
+DF_API int df_session_init(df_session **out, df_engine *eng, df_error *err);
+DF_API void df_session_free(df_session *s);
 /* Consumes n tokens as one batch. logits: [n, vocab] when all_rows, else [vocab] for the last token;
  * may be NULL. */
-int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err);
-int64_t df_session_pos(const df_session *s);
+DF_API int df_session_eval(df_session *s, const int32_t *tokens, int n, float *logits, int all_rows, df_error *err);
+DF_API int64_t df_session_pos(const df_session *s);
 /* Copies the whole state of src into dst (same engine): rollback, prefix reuse. */
-int df_session_copy(df_session *dst, const df_session *src, df_error *err);
-void df_session_reset(df_session *s);
+DF_API int df_session_copy(df_session *dst, const df_session *src, df_error *err);
+DF_API void df_session_reset(df_session *s);
 /* Called after each layer of every evaluation with (ctx, layer, n_layers): progress for long prefills,
  * and the way to stop one — a non-zero return aborts the evaluation with DF_ECANCELLED (the session is
  * then reset). NULL removes it. */
 typedef int (*df_step_fn)(void *ctx, int layer, int n_layers);
-void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx);
+DF_API void df_session_set_step_callback(df_session *s, df_step_fn fn, void *ctx);
 
 /* The session owns the tokens it has consumed: *n gets their count (= df_session_pos). Valid until the next
  * call that changes the session. */
-const int32_t *df_session_tokens(const df_session *s, int64_t *n);
+DF_API const int32_t *df_session_tokens(const df_session *s, int64_t *n);
 /* Brings the session to hold exactly ids[0..n) (n > 0): keeps the longest prefix it already holds as far as
  * its state can go back (to the start of its last evaluation; otherwise it restarts), evaluates the rest
  * (in chunks that fit the memory budget) and writes the logits after ids[n-1] into logits [vocab] (NULL
  * skips). *reused (may be NULL) gets how many leading tokens were not evaluated again. */
-int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err);
+DF_API int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err);
 /* Returns the session to position pos, which lies between the start of its last evaluation and now, as if
  * the tokens after pos had never been evaluated (speculation rollback). Without weight reads when the last
  * evaluation had at most the session's rollback rows (see below): the KDA state is rebuilt from what that
  * evaluation kept; otherwise the kept history is evaluated again (df_stats counts both). */
-int df_session_truncate(df_session *s, int64_t pos, df_error *err);
+DF_API int df_session_truncate(df_session *s, int64_t pos, df_error *err);
 /* Bytes a session of this engine holds once it has consumed n_tokens (recurrent state, convolution tails,
  * the attention cache as it grows, its token history and last logits): what a server reserves per
  * conversation so that sessions count in the memory budget. A rollback record (below) comes on top. */
-uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
+DF_API uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
 /* Rows one forward pass should take at most (prompt slices and decode rows together): 1/16 of the memory budget
  * over 64 floats per hidden unit per row, within 16..4096. */
-int df_engine_pass_rows(const df_engine *eng);
+DF_API int df_engine_pass_rows(const df_engine *eng);
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
  * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the
  * recurrent and conv state (made at the start of each such evaluation) plus 6 * heads * head_dim + heads
  * floats per row, held at the size of the largest such evaluation. A failed evaluation that kept it leaves
  * the session as it was instead of resetting it. */
-void df_session_set_rollback_rows(df_session *s, int rows);
+DF_API void df_session_set_rollback_rows(df_session *s, int rows);
 /* Bytes the session holds (states, caches, rollback record, history): for memory budgets. */
-uint64_t df_session_memory(const df_session *s);
+DF_API uint64_t df_session_memory(const df_session *s);
 /* Saves the session's state (token history, KDA recurrent/conv states, MLA caches, last logits) to path,
  * atomically (a temporary file, fsync, rename). The file is tied to the engine's model: its header carries
  * a fingerprint of the model's configuration and shapes, and a checksum. */
-int df_session_save(const df_session *s, const char *path, df_error *err);
+DF_API int df_session_save(const df_session *s, const char *path, df_error *err);
 /* Replaces the session's state with the one saved at path, after checking all of it (format, version,
  * model fingerprint, sizes, checksum); on any error the session is unchanged. */
-int df_session_load(df_session *s, const char *path, df_error *err);
+DF_API int df_session_load(df_session *s, const char *path, df_error *err);
 
 /* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
  * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.
@@ -159,12 +173,12 @@ int df_session_load(df_session *s, const char *path, df_error *err);
  * df_batch_eval or, where it cannot be put back (a row count outside its rollback record's range, see
  * df_session_set_rollback_rows), reset. tokens and logits must stay valid until df_batch_eval. */
 typedef struct df_batch df_batch;
-int df_batch_init(df_batch **out, df_engine *eng, df_error *err);
-void df_batch_free(df_batch *b);
-void df_batch_clear(df_batch *b);
-int df_batch_add(df_batch *b, df_session *s, const int32_t *tokens, int n, float *logits, int all_rows,
-                 df_error *err);
-int df_batch_eval(df_batch *b, df_error *err);
+DF_API int df_batch_init(df_batch **out, df_engine *eng, df_error *err);
+DF_API void df_batch_free(df_batch *b);
+DF_API void df_batch_clear(df_batch *b);
+DF_API int df_batch_add(df_batch *b, df_session *s, const int32_t *tokens, int n, float *logits, int all_rows,
+                        df_error *err);
+DF_API int df_batch_eval(df_batch *b, df_error *err);
 
 typedef struct df_stats {
     uint64_t tokens_evaluated;
@@ -187,7 +201,7 @@ typedef struct df_stats {
     uint64_t rollback_replays, rollback_reevals;       /* df_session_truncate calls served from the rollback
                                                           record / by evaluating the history again */
 } df_stats;
-void df_engine_stats(const df_engine *eng, df_stats *out);
+DF_API void df_engine_stats(const df_engine *eng, df_stats *out);
 /* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess
  * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and whether
  * its guesses are being read now (auto's current decision). Zeros for layers without routed experts. */
@@ -195,11 +209,11 @@ typedef struct df_layer_lookahead {
     uint64_t requests, recalled, loads;
     int reading;
 } df_layer_lookahead;
-void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
+DF_API void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
 /* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */
-void df_engine_warm_wait(df_engine *eng);
+DF_API void df_engine_warm_wait(df_engine *eng);
 /* Why a saved heat file was ignored (corrupt, other model), or "" when it was not. */
-const char *df_engine_heat_note(const df_engine *eng);
+DF_API const char *df_engine_heat_note(const df_engine *eng);
 
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert
@@ -207,14 +221,8 @@ const char *df_engine_heat_note(const df_engine *eng);
 typedef struct df_profile {
     double spine_read, expert_read, attention, expert_compute, spine_compute, total;
 } df_profile;
-void df_engine_profile(const df_engine *eng, df_profile *out);
-void df_engine_profile_reset(df_engine *eng);
-
-void df_error_set(df_error *err, int code, const char *fmt, ...)
-#if defined(__GNUC__)
-    __attribute__((format(printf, 3, 4)))
-#endif
-    ;
+DF_API void df_engine_profile(const df_engine *eng, df_profile *out);
+DF_API void df_engine_profile_reset(df_engine *eng);
 
 #ifdef __cplusplus
 }

@@ -1,4 +1,4 @@
-// kimi_pattern.js — the Kimi pre-tokenisation pattern (SPEC §5) in tiktoken's own syntax (`&&` class
+// kimi_pattern.js — the Kimi pre-tokenisation pattern in tiktoken's own syntax (`&&` class
 // intersection, which tiktoken's fancy-regex supports), shared by the reference scripts.
 "use strict";
 module.exports = [

@@ -1,7 +1,8 @@
-"""Independent NumPy reference of the Kimi-Linear / Kimi K3 text forward, written from docs SPEC section 3.
+"""Independent NumPy reference of the Kimi-Linear / Kimi K3 text forward, written from the public model
+definitions (Kimi-Linear's modeling code, ports of K3's), not from this repository's C code.
 
-Grown from the SPEC section 7 `kimi_ref.py`: same math, restructured into a class so the fixture builder can
-instrument the router, run in float64 (default) or float32, and consume a prompt the way the fixtures define it
+Written as a class so the fixture builder can instrument the router, run in float64 (default) or float32, and
+consume a prompt the way the fixtures define it
 (prefill as one batch, then each decode token singly with the cache).  Reads checkpoint-style safetensors
 (Kimi-Linear names, or K3 names under `language_model.`; BF16 widened exactly, MXFP4 experts dequantised exactly).
 
@@ -60,7 +61,7 @@ class KimiRef:
         self.BETA = C.get("activation_situ_beta") or 1.0
         self.LBETA = C.get("activation_situ_linear_beta")
         self.LATENT_NORM = C.get("latent_moe_use_norm", True)
-        self.LATENT_EPS = 1e-6                                        # q_a/kv_a_layernorm (SPEC 3.1)
+        self.LATENT_EPS = 1e-6                                        # q_a/kv_a_layernorm
         self.router_log = None                                        # list to collect router margins into
 
     # --- basic ops -----------------------------------------------------------------------------------------
@@ -74,7 +75,7 @@ class KimiRef:
     def lin(self, x, name):
         return x @ self.W[name].T
 
-    def act_mul(self, g, u):                                          # SwiGLU, or SiTU-GLU (SPEC 3.8)
+    def act_mul(self, g, u):                                          # SwiGLU, or SiTU-GLU (K3)
         if not self.SITU:
             return g * self.sig(g) * u
         if self.LBETA:
@@ -82,7 +83,7 @@ class KimiRef:
         return self.BETA * np.tanh(g / self.BETA) * self.sig(g) * u
 
     @staticmethod
-    def l2norm(x):                                                    # eps inside the sqrt (SPEC 3.4 step 5)
+    def l2norm(x):                                                    # eps inside the sqrt
         return x / np.sqrt((x * x).sum(-1, keepdims=True) + 1e-6)
 
     def decay_scale(self, p):                                         # exp(A_log), one value per KDA head
@@ -95,7 +96,7 @@ class KimiRef:
     def expert(self, x, p):
         return self.lin(self.act_mul(self.lin(x, p + "w1.weight"), self.lin(x, p + "w3.weight")), p + "w2.weight")
 
-    # --- KDA (SPEC 3.4) ------------------------------------------------------------------------------------
+    # --- KDA ----------------------------------------------------------------------------------------------
     def kda(self, x, p, st):
         W, KH, KD, KC = self.W, self.KH, self.KD, self.KC
         T, P = x.shape[0], KH * KD
@@ -130,7 +131,7 @@ class KimiRef:
         o = self.rms(o, W[p + "o_norm.weight"], self.EPS) * self.sig(gate.reshape(T, KH, KD))
         return self.lin(o.reshape(T, P), p + "o_proj.weight")
 
-    # --- MLA, NoPE, absorbed form (SPEC 3.5) ---------------------------------------------------------------
+    # --- MLA, NoPE, absorbed form ------------------------------------------------------------------------
     def mla(self, x, p, st):
         W, NH, NOPE, ROPE, VD, KVR = self.W, self.NH, self.NOPE, self.ROPE, self.VD, self.KVR
         T = x.shape[0]
@@ -157,7 +158,7 @@ class KimiRef:
             o = o * self.sig(self.lin(x, p + "g_proj.weight"))
         return self.lin(o, p + "o_proj.weight")
 
-    # --- MoE (SPEC 3.6, latent form 3.10) ------------------------------------------------------------------
+    # --- MoE (and K3's latent form) -------------------------------------------------------------------------
     def route(self, x, p, layer):
         T, G, TG, K = x.shape[0], self.G, self.TG, self.TOPK
         s = self.sig(self.lin(x, p + "gate.weight"))
@@ -199,7 +200,7 @@ class KimiRef:
             y = self.lin(y, p + "routed_expert_up_proj.weight")
         return y + self.ffn(x, p + "shared_experts.")
 
-    # --- Block Attention Residuals (SPEC 3.9) --------------------------------------------------------------
+    # --- Block Attention Residuals -----------------------------------------------------------------------
     def attn_res(self, blocks, prefix, stem):
         v = np.stack(blocks + [prefix], 1)                                                 # [T, n, d]
         key = v / np.sqrt((v * v).mean(-1, keepdims=True) + self.EPS)

@@ -166,7 +166,7 @@ def tensor_shapes(c, k3):
 
 
 def make_weights(c, k3, rng, mx):
-    """Every tensor perturbed away from HF's init (norms != 1, bias != 0), as SPEC 7's make_tiny.py does."""
+    """Every tensor perturbed away from HF's init (norms != 1, bias != 0), so that skipping one changes the logits."""
     KH = c["linear_attn_config"]["num_heads"]
     w = {}
     for name, shape in tensor_shapes(c, k3).items():
@@ -190,10 +190,10 @@ def make_weights(c, k3, rng, mx):
                 v *= 2.0                                      # and the gate cap (4 tanh(g/4))
             if name.endswith(("q_a_proj.weight", "kv_a_proj_with_mqa.weight")):
                 v[:shape[0] if "q_a" in name else c["kv_lora_rank"]] *= 0.01   # small pre-norm latents: the
-                #                                           1e-6 eps of q_a/kv_a_layernorm is visible (SPEC 3.1)
+                #                                           1e-6 eps of q_a/kv_a_layernorm is visible
             if name in ("model.layers.0.self_attn.q_proj.weight", "model.layers.0.self_attn.k_proj.weight"):
                 v[:c["linear_attn_config"]["head_dim"]] *= 1e-3  # KDA head 0 of layer 0 gets |q|,|k| ~ 1e-3, so
-                #                                           the l2norm's eps inside the sqrt is visible (SPEC 6.4)
+                #                                           the l2norm's eps inside the sqrt is visible
             if mx and ".experts." in name:                    # vary the MXFP4 block scales within a row
                 v *= np.repeat(np.exp2(rng.integers(-2, 2, (shape[0], shape[1] // 32))), 32, 1)
         w[name] = v
@@ -218,7 +218,7 @@ def encode(w, store, k3, dense):
             out[name] = BF16(bf16_bits(v))
         else:
             out[name] = v.astype(np.float32)
-    if dense == "block_sparse_moe":                          # save_pretrained renames every .mlp. (SPEC 2.1)
+    if dense == "block_sparse_moe":                          # save_pretrained renames every .mlp.
         out = {k.replace(".mlp.", ".block_sparse_moe."): v for k, v in out.items()}
     if k3:
         out = {"language_model." + k: v for k, v in out.items()}
@@ -235,7 +235,7 @@ DTYPE_POLICY = {
     ("kl", "mxfp4"): "routed experts `experts.{e}.w{1,2,3}` as compressed-tensors MXFP4 (`weight_packed` U8 "
                      "[out,in/2], low nibble = even column; `weight_scale` U8 [out,in/32] E8M0), everything else "
                      "F32; the reference used the exactly dequantised expert values.",
-    ("k3", "f32"): "spine F32; routed experts MXFP4 (compressed-tensors layout, SPEC 4.3); the reference used the "
+    ("k3", "f32"): "spine F32; routed experts MXFP4 (compressed-tensors layout); the reference used the "
                    "exactly dequantised expert values.",
     ("k3", "bf16"): "spine BF16 except `A_log`, `dt_bias`, `e_score_correction_bias`, `{q,k,v}_conv1d.weight`, "
                     "`o_norm.weight` (F32, as the K3 roster records); routed experts MXFP4; the reference used "
@@ -364,23 +364,23 @@ def probe_k3(ref):
 
 
 def misreadings(cfg, wts, k3):
-    """name -> patch(ref): plausible wrong readings of the SPEC; each should move the logits well past the
+    """name -> patch(ref): plausible wrong readings of the model's definition; each should move the logits well past the
     tolerance, which shows the fixture can tell them apart."""
-    def per_channel_alog(r):                                  # SPEC 8.1 item 1: exp(A_log[j]) per key channel
+    def per_channel_alog(r):                                  # exp(A_log[j]) per key channel, not per head
         r.decay_scale = lambda p: np.exp(r.W[p + "A_log"].reshape(-1)[:r.KD])[None, None, :]
 
-    def clamp_l2(r):                                          # SPEC 8.1 item 2: x / max(|x|, 1e-12)
+    def clamp_l2(r):                                          # x / max(|x|, 1e-12), eps outside the sqrt
         r.l2norm = lambda x: x / np.maximum(np.sqrt((x * x).sum(-1, keepdims=True)), 1e-12)
 
     def no_output_attnres(r):
         f = r.attn_res
         r.attn_res = lambda b, p, stem: p if stem == "model.output_attn_res" else f(b, p, stem)
 
-    v = {"MLA latent norms with eps 1e-5 instead of 1e-6 (SPEC 8 item 2)": lambda r: setattr(r, "LATENT_EPS", 1e-5),
-         "q/k L2 norm as max(norm, 1e-12) (SPEC 8.1 item 2)": clamp_l2}
+    v = {"MLA latent norms with eps 1e-5 instead of 1e-6": lambda r: setattr(r, "LATENT_EPS", 1e-5),
+         "q/k L2 norm as max(norm, 1e-12)": clamp_l2}
     if k3:
         v.update({
-            "A_log read per key channel (SPEC 8.1 item 1)": per_channel_alog,
+            "A_log read per key channel": per_channel_alog,
             "KDA decay without gate_lower_bound (softplus form)": lambda r: setattr(r, "LB", None),
             "SwiGLU instead of SiTU": lambda r: setattr(r, "SITU", False),
             "SiTU without the linear cap on up": lambda r: setattr(r, "LBETA", None),
@@ -525,10 +525,10 @@ def write_notes(d, name, spec, cfg, s, hf):
              "cache.\n")
     L.append("## Reference\n")
     if k3:
-        L.append("**The independent NumPy reference `tools/kimi_ref.py` in float64** (SPEC section 3 semantics, incl. "
-                 "3.8-3.10), not Moonshot's code: transformers 5.17 cannot build K3 and Moonshot's remote code was "
+        L.append("**The independent NumPy reference `tools/kimi_ref.py` in float64** (SiTU, Block Attention Residuals "
+                 "and the latent MoE included), not Moonshot's code: transformers 5.17 cannot build K3 and Moonshot's remote code was "
                  "not run. The Kimi-Linear parts of the same code match transformers 5.17 on the `kl-*` fixtures "
-                 "(see their notes); the K3-only branches rest on the SPEC (public ports), not on an executed K3 "
+                 "(see their notes); the K3-only branches rest on public ports of the K3 code, not on an executed K3 "
                  "reference. MLA latent norms use eps 1e-6. Expert outputs are summed in float64 in router rank "
                  "order; no bf16 rounding of activations anywhere.\n")
     else:
@@ -546,8 +546,8 @@ def write_notes(d, name, spec, cfg, s, hf):
                  "`dt_bias` included; this fixture keeps those F32 like the published 48B checkpoint, so a loader "
                  "must take each tensor's dtype from the header.)\n")
     L.append("## Weights\n")
-    wl = [f"Seed {spec['seed']} (`tools/make_fixtures.py`). Every tensor is perturbed away from HF's init, as "
-             "SPEC 7's make_tiny.py does: `A_log` ~ U(-1, 2), `dt_bias` ~ N(0, 0.5^2), `e_score_correction_bias` "
+    wl = [f"Seed {spec['seed']} (`tools/make_fixtures.py`). Every tensor is perturbed away from HF's init, so "
+             "that skipping a norm or bias changes the logits: `A_log` ~ U(-1, 2), `dt_bias` ~ N(0, 0.5^2), `e_score_correction_bias` "
              "~ N(0, 0.05^2), every other 1-D weight (all norms) 1 + 0.1 N(0,1), matrices N(0,1)/sqrt(in). "
           "`q_a_proj` and the latent rows of `kv_a_proj_with_mqa` are scaled by 0.01 (pre-norm RMS ~0.01, so the "
           "1e-6 eps of `q_a_layernorm`/`kv_a_layernorm` matters), and in layer 0 the `q_proj`/`k_proj` rows of "
@@ -611,7 +611,7 @@ def write_notes(d, name, spec, cfg, s, hf):
         if spec.get("dense") == "mlp":
             L.append("On purpose: this fixture names the dense layer-0 FFN `model.layers.0.mlp.*` as the published "
                      "checkpoints do, while the other `kl-*` fixtures use `block_sparse_moe.*` as `save_pretrained` "
-                     "writes it (SPEC 2.1); a loader must accept both.\n")
+                     "writes it; a loader must accept both.\n")
     L.append(f"## Files\n\n`model.safetensors` holds {n_t} tensors.\n\n| file | bytes |\n|---|---|")
     L.append(file_table(d))
     L.append("\nRegenerate: see `tests/fixtures/README.md`.\n")

@@ -8,7 +8,7 @@ import struct
 
 import numpy as np
 
-# E2M1 code -> value (SPEC 4.1); codes 8..15 are the negatives (8 = -0).
+# E2M1 code -> value; codes 8..15 are the negatives (8 = -0).
 E2M1 = np.array([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], dtype=np.float64)
 
 _NP_OF = {"F32": np.float32, "F64": np.float64, "F16": np.float16, "U8": np.uint8, "I8": np.int8,

@@ -7,12 +7,12 @@ encoder used to tokenise the training text.  Pure Python (no numpy needed).
   encode  DATA_DIR MODEL_DIR           write DATA_DIR/{train,valid,test}.ids (uint16 little-endian, one [BOS]
                                        before each document) and DATA_DIR/{split}.bytes.json (bytes per doc)
 
-Vocabulary layout (the same relative layout as Kimi-Linear / K2, SPEC section 5): ranks 0..255 are the single
+Vocabulary layout (the same relative layout as Kimi-Linear / K2): ranks 0..255 are the single
 bytes in byte order, ranks 256.. are BPE merges in the order they were learnt (so a rank is also the merge
 priority tiktoken uses), then 256 reserved special-token slots: [BOS] = N_BPE, [EOS] = N_BPE+1,
 <|im_end|> = N_BPE+2 (the config's eos_token_id), ..., [UNK] = N_BPE+254, [PAD] = N_BPE+255.
 
-Pre-tokenisation: the Kimi regex (SPEC section 5).  Python's `re` has no \\p{..} classes, so `pieces()` is the
+Pre-tokenisation: the Kimi regex.  Python's `re` has no \\p{..} classes, so `pieces()` is the
 exact Kimi regex restricted to ASCII text (letters = A-Za-z, numbers = 0-9, no Han); the Brown text is pure
 ASCII, which `pieces()` checks.  At inference the C tokenizer and tiktoken apply the full Unicode regex, which
 gives the same pieces on ASCII input; tools/corpus/encode_check.js cross-checks the ids against npm tiktoken.

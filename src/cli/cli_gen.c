@@ -260,7 +260,7 @@ int cli_write_stats_json(const char *path, const gen_result *res, const df_stats
     uint64_t disk = b->disk_bytes - a->disk_bytes;
     fprintf(f, "{\"tokens\":%zu,\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,"
             "\"decode_s\":%.6f,\"s_per_token\":%.6f,\"disk_bytes\":%llu,\"disk_bytes_per_token\":%.1f,"
-            "\"expert_disk_bytes_per_token\":%.1f,\"spine_disk_bytes_per_token\":%.1f}\n",
+            "\"expert_bytes_per_token\":%.1f,\"spine_bytes_per_token\":%.1f}\n",
             res->ids.n, res->passes, res->passes ? (double)res->ids.n / res->passes : 0.0, res->drafted,
             res->accepted, res->decode_s, res->decode_s / n, (unsigned long long)disk, disk / n,
             (b->expert_disk_bytes - a->expert_disk_bytes) / n, (b->spine_disk_bytes - a->spine_disk_bytes) / n);

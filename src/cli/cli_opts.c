@@ -70,7 +70,7 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         return 1;
     case CLI_OPT_CACHE_SLOTS:
         if (cli_parse_int("--cache-slots", arg, 1, 1L << 24, &v) < 0) return -1;
-        o->expert_cache_slots = (int)v;
+        o->cache_slots = (int)v;
         return 1;
     case CLI_OPT_SPINE_STREAM: o->spine_stream = 1; return 1;
     case CLI_OPT_BUFFERED_IO: o->buffered_io = 1; return 1;
@@ -88,8 +88,8 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         }
         return 1;
     case CLI_OPT_IO:
-        if (!strcmp(arg, "pread")) o->io_mode = 1;
-        else if (!strcmp(arg, "uring")) o->io_mode = 2;
+        if (!strcmp(arg, "pread")) o->io_kind = 1;
+        else if (!strcmp(arg, "uring")) o->io_kind = 2;
         else {
             fprintf(stderr, "deltafin: --io: expected pread or uring, got '%s'\n", arg);
             return -1;

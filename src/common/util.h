@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include "common/error.h"
 #include "deltafin.h"
 
 #define DF_ASSERT(c) do { if (!(c)) df_die("%s:%d: assertion failed: %s", __FILE__, __LINE__, #c); } while (0)

@@ -20,9 +20,9 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
         return DF_EINVAL;
     }
     df_engine *e = xcalloc(1, sizeof *e);
-    store_opts so = {.mem_budget = opts->mem_budget, .cache_slots = opts->expert_cache_slots,
+    store_opts so = {.mem_budget = opts->mem_budget, .cache_slots = opts->cache_slots,
                      .spine_stream = opts->spine_stream, .buffered_io = opts->buffered_io,
-                     .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_mode,
+                     .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_kind,
                      .spine_int8 = opts->spine == DF_SPINE_INT8, .lookahead = opts->lookahead,
                      .cache_policy = opts->cache_policy, .trace_path = opts->trace_routing, .heat = opts->heat,
                      .head_tile_rows = opts->head_tile_rows, .expert_dirs = opts->expert_dirs};

@@ -16,10 +16,11 @@ endif
 # Cross build: only the kernels, tensor/util and the kernels test, statically, no pkg-config libraries.
 CROSS_CC   ?= aarch64-linux-gnu-gcc
 CROSS_SRC  := $(sort $(wildcard src/kernels/*.c)) src/common/tensor.c src/common/util.c tests/unit/test_kernels.c
-$(B)/aarch64/test_kernels: $(CROSS_SRC) $(wildcard src/kernels/*.h) src/common/tensor.h src/common/util.h
+$(B)/aarch64/test_kernels: $(CROSS_SRC) $(wildcard src/kernels/*.h) src/common/tensor.h src/common/util.h \
+		src/common/error.h include/deltafin.h
 	@mkdir -p $(dir $@)
 	@echo "CC  $@ (aarch64)"
-	@$(CROSS_CC) -O2 -g -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -Itests/unit -pthread \
+	@$(CROSS_CC) -O2 -g -std=c11 -D_GNU_SOURCE $(WARN) -fvisibility=hidden -Iinclude -Isrc -Itests/unit -pthread \
 		-fno-strict-aliasing -static -o $@ $(CROSS_SRC) -lm -pthread
 
 ifneq ($(shell command -v $(CROSS_CC) 2>/dev/null),)

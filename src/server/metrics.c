@@ -35,7 +35,7 @@ void metrics_text(srv *s, text_buf *o) {
         text_buf_printf(o, "deltafin_requests_total{status=\"%d\"} %llu\n", m->status_code[i],
                         (unsigned long long)m->status_count[i]);
     metric(o, "deltafin_requests_cancelled_total", "counter", "Generations stopped because the client went away.",
-           (double)m->cancelled);
+           (double)m->requests_cancelled);
     metric(o, "deltafin_prompt_tokens_total", "counter", "Prompt tokens evaluated (prefill).",
            (double)m->prompt_tokens);
     metric(o, "deltafin_prompt_tokens_reused_total", "counter",
@@ -59,9 +59,9 @@ void metrics_text(srv *s, text_buf *o) {
     metric(o, "deltafin_prompt_cache_saved_total", "counter", "Prompt states written to the disk cache.",
            (double)m->prompt_cache_saved);
     metric(o, "deltafin_connections_timed_out_total", "counter",
-           "Connections closed because a request did not arrive within the read timeout.", (double)m->conn_timeouts);
+           "Connections closed because a request did not arrive within the read timeout.", (double)m->connections_timed_out);
     metric(o, "deltafin_requests_waited_for_memory_total", "counter",
-           "Requests held back while a slot was free because --slot-mem was full.", (double)m->mem_waits);
+           "Requests held back while a slot was free because --slot-mem was full.", (double)m->requests_waited_for_memory);
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
     metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
            (double)m->engine.expert_misses);

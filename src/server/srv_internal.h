@@ -21,7 +21,8 @@ typedef struct srv_metrics {
     pthread_mutex_t mu;
     int status_code[SRV_N_STATUS];
     uint64_t status_count[SRV_N_STATUS];
-    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, cancelled, conn_timeouts, mem_waits;
+    uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, requests_cancelled;
+    uint64_t connections_timed_out, requests_waited_for_memory;
     uint64_t prompt_cache_restored, prompt_cache_saved;
     double prefill_s, decode_s, last_s_per_token, last_ttft_s;
     uint64_t decode_passes, drafted, accepted;   /* summed over the answers: verifier passes, drafts */

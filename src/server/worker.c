@@ -224,7 +224,7 @@ static void admit_locked(srv *s) {
         if (others + want > s->slot_mem && s->n_running > 0) {   /* waits for running ones to end */
             if (!j->waited_for_memory) {
                 pthread_mutex_lock(&s->m.mu);
-                s->m.mem_waits++;
+                s->m.requests_waited_for_memory++;
                 pthread_mutex_unlock(&s->m.mu);
             }
             j->waited_for_memory = 1;
@@ -336,7 +336,7 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
         }
         if (j->failed && atomic_load(&j->cancel)) {
             pthread_mutex_lock(&s->m.mu);
-            s->m.cancelled++;
+            s->m.requests_cancelled++;
             pthread_mutex_unlock(&s->m.mu);
         }
         s->n_running--;

@@ -8,7 +8,8 @@ out=build/fuzz
 mkdir -p "$out/corpus"
 bin=$out/fuzz_server_parse
 srcs="tests/fuzz/fuzz_server_parse.c src/server/request.c src/server/guard.c src/server/tools_request.c
-      src/sample/grammar.c src/sample/stop.c src/sample/sample.c src/common/util.c"
+      src/sample/grammar.c src/sample/grammar_schema.c src/sample/grammar_run.c src/sample/stop.c src/sample/sample.c
+      src/common/util.c"
 if ! clang -std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(pkg-config --cflags jansson) \
         -fsanitize=fuzzer,address,undefined -fno-sanitize-recover=undefined -o "$bin" $srcs \
         $(pkg-config --libs jansson) -lm -pthread >"$out/build.log" 2>&1; then

@@ -182,7 +182,7 @@ static void check_reads(const char *name) {
     o.model_dir = dir;
     o.n_threads = 2;
     o.spine_stream = 1;
-    o.expert_cache_slots = 1;
+    o.cache_slots = 1;
     o.buffered_io = 1;
     o.lookahead = DF_LOOKAHEAD_OFF;   /* guessed reads depend on timing; only needed reads are counted here */
     df_engine *eng = NULL;

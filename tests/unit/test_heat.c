@@ -141,7 +141,7 @@ static float *run_engine(const char *dir, int heat_mode, int slots, df_stats *st
     o.model_dir = dir;
     o.n_threads = 2;
     o.heat = heat_mode;
-    o.expert_cache_slots = slots;
+    o.cache_slots = slots;
     df_engine *eng = NULL;
     df_session *s = NULL;
     int rc = df_engine_open(&eng, &o, err);

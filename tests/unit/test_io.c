@@ -132,7 +132,7 @@ static float *run_default(int lookahead, int slots, int n, int *V, df_stats *st,
     o.model_dir = "models/default";
     o.n_threads = 2;
     o.lookahead = lookahead;
-    o.expert_cache_slots = slots;
+    o.cache_slots = slots;
     df_engine *eng = NULL;
     df_session *s = NULL;
     int rc = df_engine_open(&eng, &o, err);

@@ -348,7 +348,7 @@ static void test_bundled(void) {
                                {"auto with the draft model", SPEC_AUTO, "models/draft", 0, EXPECT_ANY}};
     check_same("bundled model", &eo, modes, 3, prompts, np, N_TEXTS, 24);
     eo.spine_stream = 1;
-    eo.expert_cache_slots = 1;
+    eo.cache_slots = 1;
     check_same("bundled model, streamed spine, 1-slot cache", &eo, modes, 2, prompts + 3, np + 3, 3, 16);
     for (int i = 0; i < N_TEXTS; i++) tok_ids_free(&enc[i]);
     tokenizer_free(tok);

@@ -21,7 +21,7 @@
 typedef struct run_cfg {
     const char *label;
     int slots, stream, buffered;
-    int io_mode, lookahead;
+    int io_kind, lookahead;
     const char *no_direct;   /* DELTAFIN_TEST_NO_DIRECT while the engine opens (io.h) */
 } run_cfg;
 
@@ -32,10 +32,10 @@ static float *run_logits(const char *dir, const run_cfg *c, const int32_t *pre, 
     df_engine_opts_default(&o);
     o.model_dir = dir;
     o.n_threads = 2;
-    o.expert_cache_slots = c->slots;
+    o.cache_slots = c->slots;
     o.spine_stream = c->stream;
     o.buffered_io = c->buffered;
-    o.io_mode = c->io_mode;
+    o.io_kind = c->io_kind;
     o.lookahead = c->lookahead;
     df_engine *eng = NULL;
     df_session *s = NULL;
