@@ -419,7 +419,7 @@ static float *synth_skew_biases(const syn_dims *D, double skew, uint64_t seed) {
 
 int cmd_synth(int argc, char **argv) {
     static const struct option lo[] = {{"family", 1, 0, 'f'}, {"layers", 1, 0, 'l'}, {"experts", 1, 0, 'e'},
-                                       {"out", 1, 0, 'o'},    {"vocab", 1, 0, 'v'},  {"topk", 1, 0, 'k'},
+                                       {"out", 1, 0, 'o'},    {"vocab", 1, 0, 'v'},  {"experts-per-token", 1, 0, 'k'},
                                        {"seed", 1, 0, 's'},   {"help", 0, 0, 'h'},   {"expert-dtype", 1, 0, 'd'},
                                        {"route-skew", 1, 0, 'z'}, {0, 0, 0, 0}};
     const char *family = NULL, *out = NULL, *edt = NULL;
@@ -449,7 +449,7 @@ int cmd_synth(int argc, char **argv) {
         default:
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: deltafin synth --family k3|kimi-linear --layers N --experts E -o DIR [--vocab V] "
-                    "[--topk K] [--seed S] [--expert-dtype bf16|mxfp4] [--route-skew Z]\n  N decoder layers: layer 0 "
+                    "[--experts-per-token K] [--seed S] [--expert-dtype bf16|mxfp4] [--route-skew Z]\n  N decoder layers: layer 0 "
                     "dense, layers 1..N-1 MoE with E experts each; real hidden sizes and dtypes of the family; routed\n"
                     "  experts MXFP4 (K3's default) or BF16 (Kimi-Linear's default)\n  --route-skew Z: router biases "
                     "make expert popularity a Zipf law with exponent Z (0 = balanced)\n");
@@ -472,7 +472,7 @@ int cmd_synth(int argc, char **argv) {
     D.experts = experts;
     D.topk = topk > 0 ? topk : DF_MIN(experts, k3 ? 16 : 8);
     if (D.topk > experts) {
-        fprintf(stderr, "deltafin synth: --topk %d exceeds --experts %d\n", D.topk, experts);
+        fprintf(stderr, "deltafin synth: --experts-per-token %d exceeds --experts %d\n", D.topk, experts);
         return 2;
     }
     float *bias = skew > 0 ? synth_skew_biases(&D, skew, seed) : NULL;

@@ -28,7 +28,7 @@ run_ids=$($bin run -m "$dir/m" --tokens 1,2,3 -n 3 2>/dev/null)
 
 # MXFP4 experts (the 48B-shaped benchmark checkpoint's format): loads, checks out, and runs the same tokens
 # through a 1-slot cache with a streamed spine and look-ahead on as with everything resident
-if $bin synth --family kimi-linear --layers 3 --experts 6 --topk 2 --vocab 512 --expert-dtype mxfp4 -o "$dir/mx" >"$dir/mx.out" 2>&1 &&
+if $bin synth --family kimi-linear --layers 3 --experts 6 --experts-per-token 2 --vocab 512 --expert-dtype mxfp4 -o "$dir/mx" >"$dir/mx.out" 2>&1 &&
    grep -q "MXFP4 experts" "$dir/mx.out"; then
     ok "synth kimi-linear --expert-dtype mxfp4"
 else
