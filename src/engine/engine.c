@@ -55,12 +55,23 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
+    rc = model_init(&e->model, df_engine_pass_rows(e), err);
+    if (rc) {
+        kern_free(&e->kern);
+        config_free(&e->model.cfg);
+        store_free(e->store);
+        free(e);
+        return rc;
+    }
     *out = e;
     return DF_OK;
 }
 
 void df_engine_free(df_engine *e) {
     if (!e) return;
+    model_free(&e->model);
+    free(e->pass_tokens);
+    free(e->pass_seg);
     kern_free(&e->kern);
     config_free(&e->model.cfg);
     store_free(e->store);
@@ -169,23 +180,29 @@ typedef struct {
 static int batch_run(df_engine *eng, const batch_entry *e, int n, df_error *err) {
     int T = 0;
     for (int i = 0; i < n; i++) T += e[i].n;
-    int32_t *tokens = xmalloc((size_t)T * sizeof(int32_t));
-    model_seg *seg = xmalloc((size_t)n * sizeof *seg);
-    int64_t *pos0 = xmalloc((size_t)n * sizeof *pos0);
-    for (int i = 0, at = 0; i < n; at += e[i++].n) {
-        memcpy(tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
-        seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
-        pos0[i] = e[i].s->state->pos;
+    model_seg one, *seg = &one;
+    const int32_t *tokens = e[0].tokens;
+    if (n > 1) {                   /* several sessions: their rows concatenated, in buffers kept for the next pass */
+        if (T > eng->pass_tokens_cap) {
+            eng->pass_tokens_cap = DF_MAX(T, 2 * eng->pass_tokens_cap);
+            eng->pass_tokens = xrealloc(eng->pass_tokens, (size_t)eng->pass_tokens_cap * sizeof(int32_t));
+        }
+        if (n > eng->pass_seg_cap) {
+            eng->pass_seg_cap = DF_MAX(n, 2 * eng->pass_seg_cap);
+            eng->pass_seg = xrealloc(eng->pass_seg, (size_t)eng->pass_seg_cap * sizeof *seg);
+        }
+        seg = eng->pass_seg;
+        for (int i = 0, at = 0; i < n; at += e[i++].n)
+            memcpy(eng->pass_tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
+        tokens = eng->pass_tokens;
     }
+    for (int i = 0; i < n; i++) seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
     int rc = model_forward_batch(&eng->model, seg, n, tokens, err);
     for (int i = 0; i < n; i++) {
-        if (!rc) session_record(e[i].s, pos0[i], e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
+        if (!rc) session_record(e[i].s, e[i].s->state->pos - e[i].n, e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
         else if (rc != DF_EINVAL && !seg[i].restored) session_forget(e[i].s);
     }
     if (!rc) eng->tokens_evaluated += (uint64_t)T;
-    free(tokens);
-    free(seg);
-    free(pos0);
     return rc;
 }
 
