@@ -9,6 +9,8 @@
 #include "common/util.h"
 #include "engine/engine_internal.h"
 
+static int engine_chunk_rows(const df_engine *e);
+
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
 }
@@ -55,7 +57,8 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
-    rc = model_init(&e->model, df_engine_pass_rows(e), err);
+    /* the scratch arena holds the passes of the server's slots and of a prompt's chunks without growing */
+    rc = model_init(&e->model, DF_MAX(df_engine_pass_rows(e), engine_chunk_rows(e)), err);
     if (rc) {
         kern_free(&e->kern);
         config_free(&e->model.cfg);
@@ -218,16 +221,16 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
 
 /* Rows per pass when a prompt is evaluated in chunks: as many as the memory budget's share for working
  * buffers (storage's reserve) holds at a generous 64 fp32 activations of width d per row in flight. */
-static int session_chunk_rows(const df_session *s) {
+static int engine_chunk_rows(const df_engine *e) {
     store_stats ss;
-    store_get_stats(s->eng->store, &ss);
-    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * s->eng->info.hidden_size * sizeof(float));
+    store_get_stats(e->store, &ss);
+    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
     return (int)DF_MIN(DF_MAX(rows, 16), 4096);
 }
 
 /* Evaluates ids[0..n) on top of the current state in bounded chunks; the last chunk's logits go to logits. */
 static int session_feed(df_session *s, const int32_t *ids, int64_t n, float *logits, df_error *err) {
-    int rc = DF_OK, chunk = session_chunk_rows(s);
+    int rc = DF_OK, chunk = engine_chunk_rows(s->eng);
     for (int64_t at = 0; !rc && at < n; at += chunk) {
         int c = n - at < chunk ? (int)(n - at) : chunk;
         rc = df_session_eval(s, ids + at, c, at + c == n ? logits : NULL, 0, err);
