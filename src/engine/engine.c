@@ -122,6 +122,9 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     if (n < (int)cap)
         n += snprintf(buf + n, cap - n, "parameters: %s total = spine %s + routed experts %s (%lld per expert); "
                       "%s active per token\n", a[0], a[1], a[2], (long long)pc.per_expert, a[3]);
+    if (n < (int)cap)
+        n += snprintf(buf + n, cap - n, "working memory: %.1f MiB of scratch for passes of up to %d rows\n",
+                      (double)e->model.sc.cap / (1 << 20), df_engine_pass_rows(e));
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     return DF_OK;
 }
