@@ -37,8 +37,6 @@ size_t kda_scratch_bytes(const df_config *c, int T, int n_threads);
 size_t mla_scratch_bytes(const df_config *c, int T, int n_threads, int64_t S);
 size_t moe_scratch_bytes(const df_config *c, int T);
 size_t glu_scratch_bytes(int inter, int T);
-/* Bytes scratch_alloc takes for n elements of size sz (its 64-byte rounding). */
-static inline size_t scratch_size(size_t n, size_t sz) { return (n * sz + 63) / 64 * 64 + (n ? 0 : 64); }
 
 /* Block Attention Residuals: out[t] = sum_j a_j V_j[t] over candidates blocks[0..nb-1], p. */
 void attn_res(const float *const *blocks, int nb, const float *p, const float *w_norm, const float *w_proj,

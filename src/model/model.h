@@ -26,8 +26,8 @@ typedef struct df_model {
  * the scratch arena for passes of up to rows rows (model_scratch_bytes). */
 int model_init(df_model *m, int rows, df_error *err);
 void model_free(df_model *m);
-/* Scratch bytes a pass of T rows takes (over any number of sessions, contexts up to the attention scores'
- * share, the smaller of the model's context and MODEL_SCORE_POSITIONS). */
+/* Scratch bytes a pass of T rows takes over any number of sessions, whose contexts before the pass hold up to
+ * MODEL_SCORE_POSITIONS tokens (the MLA attention scores grow with the context: a longer one grows the arena). */
 size_t model_scratch_bytes(const df_model *m, int T);
 #define MODEL_SCORE_POSITIONS 8192
 

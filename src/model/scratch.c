@@ -4,21 +4,15 @@
 #include "scratch.h"
 #include "common/util.h"
 
-#define SCRATCH_ALIGN 64
-
-static size_t scratch_round(size_t n) {
-    return n ? (n + SCRATCH_ALIGN - 1) / SCRATCH_ALIGN * SCRATCH_ALIGN : SCRATCH_ALIGN;
-}
-
 static void *scratch_block(size_t n) {
     void *p = NULL;
-    if (posix_memalign(&p, SCRATCH_ALIGN, n)) df_die("out of memory (%zu bytes of scratch)", n);
+    if (posix_memalign(&p, 64, n)) df_die("out of memory (%zu bytes of scratch)", n);
     return p;
 }
 
 void scratch_init(scratch *a, size_t cap) {
     memset(a, 0, sizeof *a);
-    a->cap = scratch_round(cap);
+    a->cap = scratch_size(cap, 1);
     a->base = scratch_block(a->cap);
 }
 
@@ -30,7 +24,7 @@ void scratch_free(scratch *a) {
 }
 
 void *scratch_alloc(scratch *a, size_t n) {
-    size_t sz = scratch_round(n), at = a->used;
+    size_t sz = scratch_size(n, 1), at = a->used;
     a->used += sz;
     if (a->used > a->need) a->need = a->used;
     if (a->used <= a->cap) return a->base + at;
@@ -50,7 +44,7 @@ void scratch_end_pass(scratch *a) {
         for (int i = 0; i < a->n_spill; i++) free(a->spill[i]);
         a->n_spill = 0;
         free(a->base);
-        a->cap = scratch_round(a->need + a->need / 2);
+        a->cap = scratch_size(a->need + a->need / 2, 1);
         a->base = scratch_block(a->cap);
         a->grows++;
     }

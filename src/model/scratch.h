@@ -32,6 +32,9 @@ static inline void scratch_release(scratch *a, size_t mark) { a->used = mark; }
 /* After a pass (everything released): frees spilled blocks and grows the arena if the pass needed more. */
 void scratch_end_pass(scratch *a);
 
+/* Bytes scratch_alloc takes for n elements of size sz: rounded up to 64, at least 64. */
+static inline size_t scratch_size(size_t n, size_t sz) { return n * sz > 0 ? (n * sz + 63) / 64 * 64 : 64; }
+
 /* Typed shorthands. */
 #define SCRATCH_F32(a, n) ((float *)scratch_alloc((a), (size_t)(n) * sizeof(float)))
 #define SCRATCH_NEW(a, type, n) ((type *)scratch_alloc((a), (size_t)(n) * sizeof(type)))
