@@ -216,8 +216,8 @@ static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, 
  * (readahead.h) and scores the guess against what layer i+1 asks for. The residual stream changes little
  * across one layer, so layer i+1's router (the same scoring and top-k as route_batch) applied to layer i's MoE
  * input, re-normalised with layer i+1's post-attention norm weight instead of layer i's, names most of what
- * layer i+1 will ask for. It only reads ahead: routing and results are untouched, its failures are ignored
- * (the real pass reports them), and it never waits for layer i+1's spine. Returns 1 when it made a guess or
+ * layer i+1 will ask for. It only reads ahead: routing and results are untouched, and it never waits for layer
+ * i+1's spine (its router matrix is used only when that spine is in memory). Returns 1 when it made a guess or
  * storage wants none. */
 static int moe_lookahead(df_fwd *f, const float *x, int T) {
     const df_config *c = &f->m->cfg;
