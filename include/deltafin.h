@@ -104,10 +104,12 @@ typedef struct df_model_info {
 } df_model_info;
 
 DF_API void df_engine_opts_default(df_engine_opts *opts);
+/* Checks every tensor the forward pass will use against the config (names, shapes, dtypes) without reading a
+ * streamed spine: a missing or misshapen one fails the open, naming it. */
 DF_API int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
 DF_API void df_engine_free(df_engine *eng);
 DF_API const df_model_info *df_engine_info(const df_engine *eng);
-/* Checks every tensor the forward pass will use against the config (names, shapes, dtypes). */
+/* Reads every layer's spine once (df_engine_open has checked the tensors' names, shapes and dtypes). */
 DF_API int df_engine_check(df_engine *eng, df_error *err);
 /* Writes a human-readable description (family, schedule, byte counts, dtypes, problems) to buf. */
 DF_API int df_engine_describe(const df_engine *eng, char *buf, size_t cap);

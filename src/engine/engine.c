@@ -9,6 +9,8 @@
 #include "common/util.h"
 #include "engine/engine_internal.h"
 
+static int engine_chunk_rows(const df_engine *e);
+
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
 }
@@ -55,12 +57,24 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
+    /* the scratch arena holds the passes of the server's slots and of a prompt's chunks without growing */
+    rc = model_init(&e->model, DF_MAX(df_engine_pass_rows(e), engine_chunk_rows(e)), err);
+    if (rc) {
+        kern_free(&e->kern);
+        config_free(&e->model.cfg);
+        store_free(e->store);
+        free(e);
+        return rc;
+    }
     *out = e;
     return DF_OK;
 }
 
 void df_engine_free(df_engine *e) {
     if (!e) return;
+    model_free(&e->model);
+    free(e->pass_tokens);
+    free(e->pass_seg);
     kern_free(&e->kern);
     config_free(&e->model.cfg);
     store_free(e->store);
@@ -108,6 +122,9 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     if (n < (int)cap)
         n += snprintf(buf + n, cap - n, "parameters: %s total = spine %s + routed experts %s (%lld per expert); "
                       "%s active per token\n", a[0], a[1], a[2], (long long)pc.per_expert, a[3]);
+    if (n < (int)cap)
+        n += snprintf(buf + n, cap - n, "working memory: %.1f MiB of scratch for passes of up to %d rows\n",
+                      (double)e->model.sc.cap / (1 << 20), df_engine_pass_rows(e));
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     return DF_OK;
 }
@@ -169,23 +186,29 @@ typedef struct {
 static int batch_run(df_engine *eng, const batch_entry *e, int n, df_error *err) {
     int T = 0;
     for (int i = 0; i < n; i++) T += e[i].n;
-    int32_t *tokens = xmalloc((size_t)T * sizeof(int32_t));
-    model_seg *seg = xmalloc((size_t)n * sizeof *seg);
-    int64_t *pos0 = xmalloc((size_t)n * sizeof *pos0);
-    for (int i = 0, at = 0; i < n; at += e[i++].n) {
-        memcpy(tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
-        seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
-        pos0[i] = e[i].s->state->pos;
+    model_seg one, *seg = &one;
+    const int32_t *tokens = e[0].tokens;
+    if (n > 1) {                   /* several sessions: their rows concatenated, in buffers kept for the next pass */
+        if (T > eng->pass_tokens_cap) {
+            eng->pass_tokens_cap = DF_MAX(T, 2 * eng->pass_tokens_cap);
+            eng->pass_tokens = xrealloc(eng->pass_tokens, (size_t)eng->pass_tokens_cap * sizeof(int32_t));
+        }
+        if (n > eng->pass_seg_cap) {
+            eng->pass_seg_cap = DF_MAX(n, 2 * eng->pass_seg_cap);
+            eng->pass_seg = xrealloc(eng->pass_seg, (size_t)eng->pass_seg_cap * sizeof *seg);
+        }
+        seg = eng->pass_seg;
+        for (int i = 0, at = 0; i < n; at += e[i++].n)
+            memcpy(eng->pass_tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
+        tokens = eng->pass_tokens;
     }
+    for (int i = 0; i < n; i++) seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
     int rc = model_forward_batch(&eng->model, seg, n, tokens, err);
     for (int i = 0; i < n; i++) {
-        if (!rc) session_record(e[i].s, pos0[i], e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
+        if (!rc) session_record(e[i].s, e[i].s->state->pos - e[i].n, e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
         else if (rc != DF_EINVAL && !seg[i].restored) session_forget(e[i].s);
     }
     if (!rc) eng->tokens_evaluated += (uint64_t)T;
-    free(tokens);
-    free(seg);
-    free(pos0);
     return rc;
 }
 
@@ -201,16 +224,16 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
 
 /* Rows per pass when a prompt is evaluated in chunks: as many as the memory budget's share for working
  * buffers (storage's reserve) holds at a generous 64 fp32 activations of width d per row in flight. */
-static int session_chunk_rows(const df_session *s) {
+static int engine_chunk_rows(const df_engine *e) {
     store_stats ss;
-    store_get_stats(s->eng->store, &ss);
-    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * s->eng->info.hidden_size * sizeof(float));
+    store_get_stats(e->store, &ss);
+    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
     return (int)DF_MIN(DF_MAX(rows, 16), 4096);
 }
 
 /* Evaluates ids[0..n) on top of the current state in bounded chunks; the last chunk's logits go to logits. */
 static int session_feed(df_session *s, const int32_t *ids, int64_t n, float *logits, df_error *err) {
-    int rc = DF_OK, chunk = session_chunk_rows(s);
+    int rc = DF_OK, chunk = engine_chunk_rows(s->eng);
     for (int64_t at = 0; !rc && at < n; at += chunk) {
         int c = n - at < chunk ? (int)(n - at) : chunk;
         rc = df_session_eval(s, ids + at, c, at + c == n ? logits : NULL, 0, err);

@@ -13,6 +13,10 @@ struct df_engine {
     df_kern kern;
     df_model model;
     df_model_info info;
+    /* A pass over several sessions: their tokens concatenated and their segments, grown to the largest batch */
+    int32_t *pass_tokens;
+    model_seg *pass_seg;
+    int pass_tokens_cap, pass_seg_cap;
 };
 
 struct df_session {

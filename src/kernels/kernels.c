@@ -51,6 +51,7 @@ int kern_init(df_kern *kc, int n_threads, const char *isa) {
 
 void kern_free(df_kern *kc) {
     pool_free(kc->pool);
+    free(kc->pack);
     memset(kc, 0, sizeof *kc);
 }
 
@@ -185,10 +186,21 @@ void kern_matmul(df_kern *kc, const df_tensor *w, const float *x, int n, float *
     DF_ASSERT(w->ndim == 2);
     int64_t rows = w->shape[0], cols = w->shape[1];
     if (rows == 0 || n <= 0) return;
-    float *xp = NULL;
+    float *xp = NULL, *own = NULL;
     size_t pack = kern_pack_floats(kc->k, w, n);
     if (pack) {
-        xp = xmalloc(pack * sizeof(float));
+        /* Calls come from one thread at a time except from inside pool tasks (several at once): those pack into
+         * their own buffer, the others into the kernel's, which then grows to the largest and stays. */
+        if (pool_busy(kc->pool)) {
+            xp = own = xmalloc(pack * sizeof(float));
+        } else {
+            if (pack > kc->pack_cap) {
+                free(kc->pack);
+                kc->pack = xmalloc(pack * sizeof(float));
+                kc->pack_cap = pack;
+            }
+            xp = kc->pack;
+        }
         /* the AMX packing of 16 rows takes ~20 us, 3% of the call, with the other threads idle */
         pack_job pj = {kc->k, w, x, n, (int64_t)n * cols >= 32768 ? kc->n_threads : 1, xp};
         kern_parallel_for(kc, pj.parts, pack_task, &pj);
@@ -203,7 +215,7 @@ void kern_matmul(df_kern *kc, const df_tensor *w, const float *x, int n, float *
         j.chunk = DF_MAX((j.chunk + 15) / 16 * 16, 16);
     }
     kern_parallel_for(kc, (int)((rows + j.chunk - 1) / j.chunk), mm_task, &j);
-    free(xp);
+    free(own);
 }
 
 typedef struct {

@@ -48,6 +48,8 @@ typedef struct df_kern {
     const df_kernels *k;
     df_pool *pool;
     int n_threads;
+    float *pack;               /* kern_matmul's packed x outside pool tasks, kept for the next call */
+    size_t pack_cap;           /* floats in pack */
 } df_kern;
 
 /* isa: NULL = best for this CPU (the DELTAFIN_ISA env var overrides), or "scalar", "avx2", "avx512",
@@ -117,5 +119,7 @@ void pool_free(df_pool *p);
 /* Returns 0 if it ran the tasks on the pool, or -1 without running anything if the pool is already busy
  * (a call from inside a task): the caller then runs the tasks itself. */
 int pool_run(df_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread), void *ctx);
+/* Whether a job is in flight (the caller is inside a pool task, or another thread is). */
+int pool_busy(df_pool *p);
 
 #endif

@@ -153,3 +153,5 @@ int pool_run(df_pool *p, int n_tasks, void (*fn)(void *ctx, int task, int thread
     atomic_store(&p->busy, 0);
     return 0;
 }
+
+int pool_busy(df_pool *p) { return atomic_load(&p->busy); }

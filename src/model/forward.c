@@ -1,6 +1,6 @@
 /* forward.c — the decoder: embedding, the layer loop (ordinary or block-attention residuals), final norm
- * and lm_head; checked tensor access; and the per-conversation state. Layer bodies live in kda.c, mla.c,
- * moe.c and attn_res.c. Activations are fp32 throughout. */
+ * and lm_head; opening the model (bound weights, scratch arena); and the per-conversation state. Layer bodies
+ * live in kda.c, mla.c, moe.c and attn_res.c. Activations are fp32 throughout. */
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,84 +12,6 @@ double model_clock(double *phase, double t0) {
     double t = df_now();
     *phase += t - t0;
     return t;
-}
-
-/* ---- checked tensor access ------------------------------------------------------------------------ */
-
-static int dtype_is_matrix(df_dtype dt) {
-    return dt == DF_DT_F32 || dt == DF_DT_BF16 || dt == DF_DT_F16 || dt == DF_DT_MXFP4 || dt == DF_DT_I8;
-}
-
-int tensor_check_mat(const df_tensor *t, const char *name, int64_t rows, int64_t cols, const char *dir,
-                     df_error *err) {
-    if (!t) {
-        df_error_set(err, DF_EFORMAT, "%s: tensor %s is missing from the checkpoint", dir, name);
-        return DF_EFORMAT;
-    }
-    if (t->ndim != 2 || t->shape[0] != rows || t->shape[1] != cols) {
-        char got[96] = "";
-        for (int i = 0, o = 0; i < t->ndim && o < 80; i++)
-            o += snprintf(got + o, sizeof got - o, "%s%lld", i ? "," : "", (long long)t->shape[i]);
-        df_error_set(err, DF_EFORMAT, "%s: tensor %s has shape [%s], expected [%lld,%lld]", dir, t->name, got,
-                     (long long)rows, (long long)cols);
-        return DF_EFORMAT;
-    }
-    if (!dtype_is_matrix(t->dtype)) {
-        df_error_set(err, DF_EFORMAT, "%s: tensor %s has dtype %s, not usable as a weight matrix", dir, t->name,
-                     tensor_dtype_name(t->dtype));
-        return DF_EFORMAT;
-    }
-    if (t->dtype == DF_DT_MXFP4 && cols % 32) {
-        df_error_set(err, DF_EFORMAT, "%s: MXFP4 tensor %s has %lld columns, not a multiple of 32", dir, t->name,
-                     (long long)cols);
-        return DF_EFORMAT;
-    }
-    return DF_OK;
-}
-
-static float *vec_check_convert(const df_tensor *t, const char *name, int64_t n, int exact, const char *dir,
-                                df_error *err) {
-    if (!t) {
-        df_error_set(err, DF_EFORMAT, "%s: tensor %s is missing from the checkpoint", dir, name);
-        return NULL;
-    }
-    int64_t numel = tensor_numel(t);
-    if (numel < n || (exact && numel != n) ||
-        !(t->dtype == DF_DT_F32 || t->dtype == DF_DT_BF16 || t->dtype == DF_DT_F16)) {
-        df_error_set(err, DF_EFORMAT, "%s: tensor %s has %lld %s elements, expected %s%lld float values", dir,
-                     t->name, (long long)numel, tensor_dtype_name(t->dtype), exact ? "" : "at least ",
-                     (long long)n);
-        return NULL;
-    }
-    float *v = xmalloc(numel * sizeof(float));
-    tensor_to_f32(t, v);
-    return v;
-}
-
-static void layer_name(char *buf, size_t cap, int layer, const char *suffix) {
-    snprintf(buf, cap, "model.layers.%d.%s", layer, suffix);
-}
-
-const df_tensor *fwd_mat(df_fwd *f, const char *suffix, int64_t rows, int64_t cols) {
-    const df_tensor *t = store_layer_tensor(f->L, suffix);
-    char name[256];
-    layer_name(name, sizeof name, f->layer, suffix);
-    return tensor_check_mat(t, name, rows, cols, f->m->dir, f->err) ? NULL : t;
-}
-
-float *fwd_vec(df_fwd *f, const char *suffix, int64_t n, int exact) {
-    char name[256];
-    layer_name(name, sizeof name, f->layer, suffix);
-    return vec_check_convert(store_layer_tensor(f->L, suffix), name, n, exact, f->m->dir, f->err);
-}
-
-const df_tensor *model_global_mat(df_model *m, const char *name, int64_t rows, int64_t cols, df_error *err) {
-    const df_tensor *t = store_global(m->store, name);
-    return tensor_check_mat(t, name, rows, cols, m->dir, err) ? NULL : t;
-}
-
-float *model_global_vec(df_model *m, const char *name, int64_t n, df_error *err) {
-    return vec_check_convert(store_global(m->store, name), name, n, 1, m->dir, err);
 }
 
 /* ---- state ---------------------------------------------------------------------------------------- */
@@ -261,13 +183,9 @@ typedef struct {
     float *norm;    /* [T, d] */
 } fwd_scratch;
 
-static int rms_rows(df_fwd *f, const char *suffix, const float *x, int T, float *out) {
+static void rms_rows(df_fwd *f, const float *w, const float *x, int T, float *out) {
     int d = f->m->cfg.d;
-    float *w = fwd_vec(f, suffix, d, 1);
-    if (!w) return f->err->code;
     for (int t = 0; t < T; t++) kern_rmsnorm(out + (int64_t)t * d, x + (int64_t)t * d, w, d, f->m->cfg.eps);
-    free(w);
-    return DF_OK;
 }
 
 /* The sessions of the pass in progress, for the mixers. */
@@ -291,22 +209,19 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
 }
 
 static int ffn_forward(df_fwd *f, const float *xn, int T, float *out) {
-    const df_config *c = &f->m->cfg;
-    if (c->ffn[f->layer] == FFN_MOE) return moe_forward(f, xn, T, out);
-    /* transformers' save_pretrained renames the dense layer to block_sparse_moe.; accept both */
-    const char *prefix = store_layer_tensor(f->L, "mlp.gate_proj.weight") ? "mlp." : "block_sparse_moe.";
-    return ffn_dense_forward(f, prefix, c->dense_inter, xn, T, out);
+    if (f->m->cfg.ffn[f->layer] == FFN_MOE) return moe_forward(f, xn, T, out);
+    return ffn_dense_forward(f, &f->w->ffn, xn, T, out);
 }
 
 /* Ordinary pre-norm residual layer: h += mixer(norm(h)); h += ffn(norm(h)). */
 static int layer_plain(df_fwd *f, pass_segs *s, float *h, int T, fwd_scratch *sc) {
     int64_t n = (int64_t)T * f->m->cfg.d;
-    int rc = rms_rows(f, "input_layernorm.weight", h, T, sc->norm);
-    if (!rc) rc = mixer_forward(f, s, sc->norm, T, sc->buf);
+    rms_rows(f, f->w->attn_norm, h, T, sc->norm);
+    int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
     for (int64_t i = 0; i < n; i++) h[i] += sc->buf[i];
-    rc = rms_rows(f, "post_attention_layernorm.weight", h, T, sc->norm);
-    if (!rc) rc = ffn_forward(f, sc->norm, T, sc->buf);
+    rms_rows(f, f->w->ffn_norm, h, T, sc->norm);
+    rc = ffn_forward(f, sc->norm, T, sc->buf);
     if (rc) return rc;
     for (int64_t i = 0; i < n; i++) h[i] += sc->buf[i];
     return DF_OK;
@@ -321,43 +236,29 @@ typedef struct {
     int p_empty;
 } attnres_state;
 
-static int res_mix(df_fwd *f, attnres_state *ar, const char *stem, int T, float *out) {
-    int d = f->m->cfg.d;
-    char n1[64], n2[64];
-    snprintf(n1, sizeof n1, "%s_norm.weight", stem);
-    snprintf(n2, sizeof n2, "%s_proj.weight", stem);
-    float *wn = fwd_vec(f, n1, d, 1), *wp = wn ? fwd_vec(f, n2, d, 1) : NULL;
-    if (!wn || !wp) {
-        free(wn);
-        return f->err->code;
-    }
-    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, wn, wp, T, d, f->m->cfg.eps, out);
-    free(wn);
-    free(wp);
-    return DF_OK;
+static void res_mix(df_fwd *f, attnres_state *ar, const float *wn, const float *wp, int T, float *out) {
+    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, wn, wp, T, f->m->cfg.d, f->m->cfg.eps, out);
 }
 
 static int layer_attnres(df_fwd *f, pass_segs *s, attnres_state *ar, int T, fwd_scratch *sc, float *x) {
     const df_config *c = &f->m->cfg;
     int64_t n = (int64_t)T * c->d;
-    int rc = DF_OK;
-    if (ar->nb) rc = res_mix(f, ar, "self_attention_res", T, x);
+    if (ar->nb) res_mix(f, ar, f->w->attn_res_norm, f->w->attn_res_proj, T, x);
     else memcpy(x, ar->p, n * sizeof(float));
-    if (rc) return rc;
     if (f->layer % c->attn_res_block == 0) {       /* close the previous block */
         ar->blocks[ar->nb++] = ar->p;
-        ar->p = xmalloc(n * sizeof(float));
+        ar->p = SCRATCH_F32(f->sc, n);
         ar->p_empty = 1;
     }
-    rc = rms_rows(f, "input_layernorm.weight", x, T, sc->norm);
-    if (!rc) rc = mixer_forward(f, s, sc->norm, T, sc->buf);
+    rms_rows(f, f->w->attn_norm, x, T, sc->norm);
+    int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
     if (ar->p_empty) memcpy(ar->p, sc->buf, n * sizeof(float));
     else for (int64_t i = 0; i < n; i++) ar->p[i] += sc->buf[i];
     ar->p_empty = 0;
-    rc = res_mix(f, ar, "mlp_res", T, x);
-    if (!rc) rc = rms_rows(f, "post_attention_layernorm.weight", x, T, sc->norm);
-    if (!rc) rc = ffn_forward(f, sc->norm, T, sc->buf);
+    res_mix(f, ar, f->w->mlp_res_norm, f->w->mlp_res_proj, T, x);
+    rms_rows(f, f->w->ffn_norm, x, T, sc->norm);
+    rc = ffn_forward(f, sc->norm, T, sc->buf);
     if (rc) return rc;
     for (int64_t i = 0; i < n; i++) ar->p[i] += sc->buf[i];
     return DF_OK;
@@ -365,15 +266,13 @@ static int layer_attnres(df_fwd *f, pass_segs *s, attnres_state *ar, int T, fwd_
 
 static int embed_tokens(df_model *m, const int32_t *tokens, int T, float *h, df_error *err) {
     const df_config *c = &m->cfg;
-    const df_tensor *emb = model_global_mat(m, "model.embed_tokens.weight", c->vocab, c->d, err);
-    if (!emb) return err->code;
     for (int t = 0; t < T; t++) {
         if (tokens[t] < 0 || tokens[t] >= c->vocab) {
             df_error_set(err, DF_EINVAL, "token id %d at position %d is outside the vocabulary (0..%d)", tokens[t],
                          t, c->vocab - 1);
             return DF_EINVAL;
         }
-        tensor_row_f32(emb, tokens[t], h + (int64_t)t * c->d);
+        tensor_row_f32(m->w.embed, tokens[t], h + (int64_t)t * c->d);
     }
     return DF_OK;
 }
@@ -381,12 +280,11 @@ static int embed_tokens(df_model *m, const int32_t *tokens, int T, float *h, df_
 /* Logits of the rows each session asked for (all its rows, or its last), in one product over them all. */
 static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, df_error *err) {
     const df_config *c = &m->cfg;
-    const df_tensor *lm = model_global_mat(m, "lm_head.weight", c->vocab, c->d, err);
-    float *w = lm ? model_global_vec(m, "model.norm.weight", c->d, err) : NULL;
-    if (!w) return err->code;
+    const df_tensor *lm = m->w.head;
+    const float *w = m->w.norm;
     int rows = 0, T = 0;
     for (int j = 0; j < n_seg; j++) rows += seg[j].logits ? (seg[j].all_rows ? seg[j].T : 1) : 0;
-    float *xn = xmalloc((size_t)rows * c->d * sizeof(float));
+    float *xn = SCRATCH_F32(&m->sc, (int64_t)rows * c->d);
     int r = 0;
     for (int j = 0; j < n_seg; T += seg[j++].T) {
         if (!seg[j].logits) continue;
@@ -394,11 +292,11 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
             kern_rmsnorm(xn + (int64_t)r * c->d, h + (int64_t)(T + t) * c->d, w, c->d, c->eps);
     }
     int one = n_seg == 1;          /* a single session gets its logits written in place */
-    float *out = one ? seg[0].logits : xmalloc((size_t)rows * c->vocab * sizeof(float));
+    float *out = one ? seg[0].logits : SCRATCH_F32(&m->sc, (int64_t)rows * c->vocab);
     int64_t per;
     int n_tiles = store_head_tiles(m->store, &per), rc = DF_OK;
     if (n_tiles <= 1) kern_matmul(m->kern, lm, xn, rows, out);
-    float *part = n_tiles > 1 ? xmalloc((size_t)rows * (size_t)per * sizeof(float)) : NULL;
+    float *part = n_tiles > 1 ? SCRATCH_F32(&m->sc, (int64_t)rows * per) : NULL;
     for (int j = 0; j < n_tiles && n_tiles > 1 && !rc; j++) {   /* lm_head streamed: rows j*per.. of the vocabulary */
         df_tensor tile;
         rc = store_head_tile_acquire(m->store, j, &tile, err);
@@ -409,7 +307,6 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
             memcpy(out + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
                    (size_t)tile.shape[0] * sizeof(float));
     }
-    free(part);
     r = 0;
     for (int j = 0; !one && !rc && j < n_seg; j++) {
         if (!seg[j].logits) continue;
@@ -417,24 +314,12 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
         memcpy(seg[j].logits, out + (int64_t)r * c->vocab, (size_t)n * c->vocab * sizeof(float));
         r += n;
     }
-    if (!one) free(out);
-    free(xn);
-    free(w);
     return rc;
 }
 
-static int output_attnres(df_model *m, attnres_state *ar, int T, float *h, df_error *err) {
-    int d = m->cfg.d;
-    float *wn = model_global_vec(m, "model.output_attn_res_norm.weight", d, err);
-    float *wp = wn ? model_global_vec(m, "model.output_attn_res_proj.weight", d, err) : NULL;
-    if (!wp) {
-        free(wn);
-        return err->code;
-    }
-    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, wn, wp, T, d, m->cfg.eps, h);
-    free(wn);
-    free(wp);
-    return DF_OK;
+static void output_attnres(df_model *m, attnres_state *ar, int T, float *h) {
+    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, m->w.out_res_norm, m->w.out_res_proj, T, m->cfg.d,
+             m->cfg.eps, h);
 }
 
 /* Calls each session's step callback after a layer; any non-zero return cancels the pass. */
@@ -474,7 +359,8 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
     int rc = pass_check(c, seg, n_seg, err);
     if (rc) return rc;
     double t_start = df_now();
-    pass_segs ps = {xmalloc((size_t)n_seg * sizeof(fwd_seg)), n_seg, 0};
+    scratch *sa = &m->sc;
+    pass_segs ps = {SCRATCH_NEW(sa, fwd_seg, n_seg), n_seg, 0};
     int T = 0;
     for (int j = 0; j < n_seg; j++) {
         ps.seg[j] = (fwd_seg){seg[j].s, T, seg[j].T};
@@ -483,26 +369,27 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         T += seg[j].T;
     }
     int64_t n = (int64_t)T * c->d;
-    float *h = xmalloc(n * sizeof(float));
-    fwd_scratch sc = {xmalloc(n * sizeof(float)), xmalloc(n * sizeof(float))};
+    float *h = SCRATCH_F32(sa, n);
+    fwd_scratch sc = {SCRATCH_F32(sa, n), SCRATCH_F32(sa, n)};
     attnres_state ar = {0};
     rc = embed_tokens(m, tokens, T, h, err);
     if (!rc && c->attn_res_block) {
-        ar.blocks = xcalloc(c->n_layers / c->attn_res_block + 2, sizeof(float *));
+        ar.blocks = SCRATCH_NEW(sa, float *, c->n_layers / c->attn_res_block + 2);
         ar.p = h;
-        h = xmalloc(n * sizeof(float));
+        h = SCRATCH_F32(sa, n);
     }
     for (int i = 0; !rc && i < c->n_layers; i++) {
-        df_fwd f = {m, NULL, i, err};
+        df_fwd f = {m, &m->w.layers[i], i, sa, err};
+        const df_store_layer *L;
         double t0 = df_now();
-        rc = store_layer_acquire(m->store, i, &f.L, err);
+        rc = store_layer_acquire(m->store, i, &L, err);
         model_clock(&m->prof.spine_read, t0);
         if (rc) break;
         rc = c->attn_res_block ? layer_attnres(&f, &ps, &ar, T, &sc, h) : layer_plain(&f, &ps, h, T, &sc);
-        store_layer_release(m->store, f.L);
+        store_layer_release(m->store, L);
         if (!rc) rc = pass_step(&ps, i, c->n_layers, err);
     }
-    if (!rc && c->attn_res_block) rc = output_attnres(m, &ar, T, h, err);
+    if (!rc && c->attn_res_block) output_attnres(m, &ar, T, h);
     int want_logits = 0;
     for (int j = 0; j < n_seg; j++) want_logits |= seg[j].logits != NULL;
     if (!rc && want_logits) rc = head_forward(m, h, seg, n_seg, err);
@@ -522,53 +409,64 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         }
     }
     model_clock(&m->prof.total, t_start);
-    for (int b = 0; b < ar.nb; b++) free(ar.blocks[b]);
-    free(ar.blocks);
-    free(ar.p);
-    free(h);
-    free(sc.buf);
-    free(sc.norm);
-    free(ps.seg);
+    scratch_end_pass(sa);
     return rc;
 }
 
-/* ---- whole-model check ----------------------------------------------------------------------------- */
+/* ---- opening and checking ------------------------------------------------------------------------- */
 
-static int check_layer(df_fwd *f) {
-    const df_config *c = &f->m->cfg;
-    int d = c->d;
-    static const char *const norms[] = {"input_layernorm.weight", "post_attention_layernorm.weight",
-                                  "self_attention_res_norm.weight", "self_attention_res_proj.weight",
-                                  "mlp_res_norm.weight", "mlp_res_proj.weight"};
-    for (int i = 0; i < (c->attn_res_block ? 6 : 2); i++) {
-        float *v = fwd_vec(f, norms[i], d, 1);
-        if (!v) return f->err->code;
-        free(v);
+/* Logit rows over several sessions that the arena is sized for (a single session's are written in place);
+ * more grow it once. */
+#define MODEL_HEAD_ROWS 64
+
+size_t model_scratch_bytes(const df_model *m, int T) {
+    const df_config *c = &m->cfg;
+    int nt = m->kern->n_threads, kda = 0, mla = 0, moe = 0, dense = 0;
+    for (int i = 0; i < c->n_layers; i++) {
+        kda |= c->mixer[i] == MIXER_KDA;
+        mla |= c->mixer[i] == MIXER_MLA;
+        moe |= c->ffn[i] == FFN_MOE;
+        dense |= c->ffn[i] != FFN_MOE;
     }
-    int rc = c->mixer[f->layer] == MIXER_KDA ? kda_check(f) : mla_check(f);
-    if (!rc) rc = c->ffn[f->layer] == FFN_MOE ? moe_check(f) : ffn_dense_check(f);
-    return rc;
+    size_t td = scratch_size((size_t)T * c->d, sizeof(float));
+    size_t pass = scratch_size(T, sizeof(fwd_seg)) + 3 * td;
+    if (c->attn_res_block) {
+        int nb = c->n_layers / c->attn_res_block + 2;
+        pass += scratch_size(nb, sizeof(float *)) + (size_t)nb * td;
+    }
+    int64_t rows = DF_MIN(T, MODEL_HEAD_ROWS), per = 0;
+    int tiles = store_head_tiles(m->store, &per);
+    size_t layer = scratch_size((size_t)rows * c->vocab, sizeof(float)) + td +
+                   (tiles > 1 ? scratch_size((size_t)rows * per, sizeof(float)) : 0);
+    int64_t S = DF_MIN(c->max_ctx, (int64_t)T + MODEL_SCORE_POSITIONS);
+    if (kda) layer = DF_MAX(layer, kda_scratch_bytes(c, T, nt));
+    if (mla) layer = DF_MAX(layer, mla_scratch_bytes(c, T, nt, S));
+    if (moe) layer = DF_MAX(layer, moe_scratch_bytes(c, T));
+    if (dense) layer = DF_MAX(layer, glu_scratch_bytes(c->dense_inter, T));
+    return pass + layer;
+}
+
+int model_init(df_model *m, int rows, df_error *err) {
+    int rc = model_weights_bind(m, err);
+    if (rc) {
+        model_weights_free(&m->w);
+        return rc;
+    }
+    scratch_init(&m->sc, model_scratch_bytes(m, rows));
+    return DF_OK;
+}
+
+void model_free(df_model *m) {
+    model_weights_free(&m->w);
+    scratch_free(&m->sc);
 }
 
 int model_check(df_model *m, df_error *err) {
-    const df_config *c = &m->cfg;
-    if (!model_global_mat(m, "model.embed_tokens.weight", c->vocab, c->d, err) ||
-        !model_global_mat(m, "lm_head.weight", c->vocab, c->d, err))
-        return err->code;
-    const char *vecs[] = {"model.norm.weight", "model.output_attn_res_norm.weight",
-                          "model.output_attn_res_proj.weight"};
-    for (int i = 0; i < (c->attn_res_block ? 3 : 1); i++) {
-        float *v = model_global_vec(m, vecs[i], c->d, err);
-        if (!v) return err->code;
-        free(v);
-    }
-    for (int i = 0; i < c->n_layers; i++) {
-        df_fwd f = {m, NULL, i, err};
-        int rc = store_layer_acquire(m->store, i, &f.L, err);
+    for (int i = 0; i < m->cfg.n_layers; i++) {
+        const df_store_layer *L;
+        int rc = store_layer_acquire(m->store, i, &L, err);
         if (rc) return rc;
-        rc = check_layer(&f);
-        store_layer_release(m->store, f.L);
-        if (rc) return rc;
+        store_layer_release(m->store, L);
     }
     return DF_OK;
 }

@@ -30,22 +30,18 @@ static void kda_conv(const kda_dims *k, const float *w, const float *hist, int p
         }
 }
 
-/* Keeps the last W-1 pre-conv inputs of [q|k|v] for the next call. */
+/* Keeps the last W-1 pre-conv inputs of [q|k|v] for the next call: with T < W-1 the history moves up by T
+ * rows (row r takes row r + T) before the batch's rows fill the end. */
 static void kda_conv_state_update(const kda_dims *k, float *hist, const float *const xs[3], int T) {
-    int keep = k->W - 1;
+    int keep = k->W - 1, from_hist = keep - T;
     int64_t P = k->P, P3 = 3 * P;
     if (keep <= 0) return;
-    float *old = xmalloc((size_t)keep * P3 * sizeof(float));
-    memcpy(old, hist, (size_t)keep * P3 * sizeof(float));
-    for (int r = 0; r < keep; r++) {
-        int src = T - keep + r;           /* position relative to this batch; < 0 reaches into history */
-        for (int part = 0; part < 3; part++) {
-            float *dst = hist + (int64_t)r * P3 + part * P;
-            if (src >= 0) memcpy(dst, xs[part] + (int64_t)src * P, P * sizeof(float));
-            else memcpy(dst, old + (int64_t)(keep + src) * P3 + part * P, P * sizeof(float));
-        }
+    if (from_hist > 0) memmove(hist, hist + (int64_t)T * P3, (size_t)from_hist * P3 * sizeof(float));
+    for (int r = from_hist > 0 ? from_hist : 0; r < keep; r++) {
+        int src = T - keep + r;           /* position relative to this batch */
+        for (int part = 0; part < 3; part++)
+            memcpy(hist + (int64_t)r * P3 + part * P, xs[part] + (int64_t)src * P, P * sizeof(float));
     }
-    free(old);
 }
 
 static float softplus(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
@@ -71,11 +67,11 @@ static void l2norm_heads(float *x, int T, const kda_dims *k, float scale) {
     }
 }
 
-/* The gated delta rule for one head over T tokens; writes o[t] (stride P) unless o is NULL. */
+/* The gated delta rule for one head over T tokens; writes o[t] (stride P) unless o is NULL. m: D floats of
+ * scratch. */
 static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, const float *kk, const float *v,
-                           const float *g, const float *beta, int T, float *o) {
+                           const float *g, const float *beta, int T, float *o, float *m) {
     int D = k->D;
-    float *m = xmalloc(D * sizeof(float));
     for (int t = 0; t < T; t++) {
         int64_t off = (int64_t)t * k->P + (int64_t)h * D;
         const float *kt = kk + off, *vt = v + off, *gt = g + off;
@@ -97,7 +93,6 @@ static void kda_recur_head(const kda_dims *k, float *S, int h, const float *q, c
         for (int j = 0; j < D; j++)
             for (int c = 0; c < D; c++) ot[c] += S[j * D + c] * qt[j];
     }
-    free(m);
 }
 
 typedef struct {
@@ -106,13 +101,15 @@ typedef struct {
     const float *q, *kk, *v, *g, *beta;
     int T;
     float *o;
+    float *m;            /* D floats per pool thread */
 } kda_recur_job;
 
 /* Heads (and sessions) are independent: one pool task per (job, head). */
-static void kda_recur_task(void *ctx, int task) {
+static void kda_recur_task(void *ctx, int task, int thread) {
     kda_recur_job *jobs = ctx, *j = &jobs[task / jobs->k->H];
     int h = task % j->k->H;
-    kda_recur_head(j->k, j->S + (int64_t)h * j->k->D * j->k->D, h, j->q, j->kk, j->v, j->g, j->beta, j->T, j->o);
+    kda_recur_head(j->k, j->S + (int64_t)h * j->k->D * j->k->D, h, j->q, j->kk, j->v, j->g, j->beta, j->T, j->o,
+                   j->m + (int64_t)thread * j->k->D);
 }
 
 /* ---- rollback record ------------------------------------------------------------------------------ */
@@ -165,61 +162,35 @@ void kda_rewind(df_model *m, df_layer_state *st, int T, int n) {
     memcpy(st->S, r.S0, (size_t)k.H * k.D * k.D * sizeof(float));
     memcpy(st->conv, r.conv0, (size_t)(k.W - 1) * 3 * k.P * sizeof(float));
     kda_conv_state_update(&k, st->conv, (const float *const *)r.pre, n);
-    kda_recur_job job = {&k, st->S, NULL, r.k, r.v, r.g, r.beta, n, NULL};
-    kern_parallel_for(m->kern, k.H, kda_recur_task, &job);
+    size_t mark = scratch_mark(&m->sc);
+    kda_recur_job job = {&k, st->S, NULL, r.k, r.v, r.g, r.beta, n, NULL,
+                         SCRATCH_F32(&m->sc, (int64_t)m->kern->n_threads * k.D)};
+    kern_parallel_for_t(m->kern, k.H, kda_recur_task, &job);
+    scratch_release(&m->sc, mark);
 }
 
-typedef struct {
-    const df_tensor *q, *k, *v, *fa, *fb, *b, *ga, *gb, *g, *o;
-    float *conv[3], *dt_bias, *alog, *onorm;
-} kda_weights;
-
-static void kda_weights_free(kda_weights *w) {
-    for (int i = 0; i < 3; i++) free(w->conv[i]);
-    free(w->dt_bias);
-    free(w->alog);
-    free(w->onorm);
-}
-
-static int kda_weights_get(df_fwd *f, const kda_dims *k, kda_weights *w) {
-    const df_config *c = &f->m->cfg;
-    int64_t d = c->d, P = k->P;
-    memset(w, 0, sizeof *w);
-    static const char *const convs[3] = {"self_attn.q_conv1d.weight", "self_attn.k_conv1d.weight",
-                                   "self_attn.v_conv1d.weight"};
-    int ok = (w->q = fwd_mat(f, "self_attn.q_proj.weight", P, d)) && (w->k = fwd_mat(f, "self_attn.k_proj.weight", P, d)) &&
-             (w->v = fwd_mat(f, "self_attn.v_proj.weight", P, d)) &&
-             (w->fa = fwd_mat(f, "self_attn.f_a_proj.weight", k->D, d)) &&
-             (w->fb = fwd_mat(f, "self_attn.f_b_proj.weight", P, k->D)) &&
-             (w->b = fwd_mat(f, "self_attn.b_proj.weight", k->H, d)) &&
-             (w->o = fwd_mat(f, "self_attn.o_proj.weight", d, P));
-    if (ok && c->full_rank_gate) ok = (w->g = fwd_mat(f, "self_attn.g_proj.weight", P, d)) != NULL;
-    else if (ok) ok = (w->ga = fwd_mat(f, "self_attn.g_a_proj.weight", k->D, d)) &&
-                      (w->gb = fwd_mat(f, "self_attn.g_b_proj.weight", P, k->D));
-    for (int i = 0; ok && i < 3; i++) ok = (w->conv[i] = fwd_vec(f, convs[i], P * k->W, 1)) != NULL;
-    ok = ok && (w->dt_bias = fwd_vec(f, "self_attn.dt_bias", P, 1)) &&
-         (w->onorm = fwd_vec(f, "self_attn.o_norm.weight", k->D, 1)) &&
-         (w->alog = fwd_vec(f, "self_attn.A_log", f->m->alog_per_channel ? k->D : k->H, 0));
-    if (!ok) kda_weights_free(w);
-    return ok ? DF_OK : f->err->code;
+size_t kda_scratch_bytes(const df_config *c, int T, int n_threads) {
+    kda_dims k = kda_dims_of(c);
+    return 6 * scratch_size((size_t)T * k.P, sizeof(float)) + scratch_size(T, sizeof(kda_record)) +
+           scratch_size((size_t)T * k.D, sizeof(float)) + scratch_size((size_t)T * k.H, sizeof(float)) +
+           scratch_size(T, sizeof(kda_recur_job)) + scratch_size((size_t)n_threads * k.D, sizeof(float));
 }
 
 int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     kda_dims k = kda_dims_of(c);
-    kda_weights w;
-    int rc = kda_weights_get(f, &k, &w);
-    if (rc) return rc;
+    const kda_weights *w = &f->w->kda;
     df_kern *kc = f->m->kern;
+    size_t mark = scratch_mark(f->sc);
     int64_t TP = (int64_t)T * k.P;
     float *pre[3], *act[3];
-    const df_tensor *proj[3] = {w.q, w.k, w.v};
+    const df_tensor *proj[3] = {w->q, w->k, w->v};
     for (int i = 0; i < 3; i++) {
-        pre[i] = xmalloc(TP * sizeof(float));
-        act[i] = xmalloc(TP * sizeof(float));
+        pre[i] = SCRATCH_F32(f->sc, TP);
+        act[i] = SCRATCH_F32(f->sc, TP);
         kern_matmul(kc, proj[i], x, T, pre[i]);
     }
-    kda_record *rec = xcalloc(n_seg, sizeof *rec);
+    kda_record *rec = scratch_zalloc(f->sc, (size_t)n_seg * sizeof *rec);
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
         int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P;
@@ -228,24 +199,25 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
             rec[j] = kda_record_begin(c, &k, st, seg[j].T);
             for (int i = 0; i < 3; i++) memcpy(rec[j].pre[i], xs[i], n * sizeof(float));
         }
-        for (int i = 0; i < 3; i++) kda_conv(&k, w.conv[i], st->conv, i, xs[i], seg[j].T, act[i] + o0);
+        for (int i = 0; i < 3; i++) kda_conv(&k, w->conv[i], st->conv, i, xs[i], seg[j].T, act[i] + o0);
         kda_conv_state_update(&k, st->conv, xs, seg[j].T);
     }
 
-    float *fa = xmalloc((size_t)T * k.D * sizeof(float)), *g = pre[0];     /* reuse pre[0] for the gate */
-    kern_matmul(kc, w.fa, x, T, fa);
-    kern_matmul(kc, w.fb, fa, T, g);
-    for (int64_t i = 0; i < TP; i++) g[i] += w.dt_bias[i % k.P];
-    kda_gate(c, &k, w.alog, f->m->alog_per_channel, g, T);
+    float *fa = SCRATCH_F32(f->sc, (int64_t)T * k.D), *g = pre[0];     /* reuse pre[0] for the gate */
+    kern_matmul(kc, w->fa, x, T, fa);
+    kern_matmul(kc, w->fb, fa, T, g);
+    for (int64_t i = 0; i < TP; i++) g[i] += w->dt_bias[i % k.P];
+    kda_gate(c, &k, w->alog, f->m->alog_per_channel, g, T);
 
-    float *beta = xmalloc((size_t)T * k.H * sizeof(float));
-    kern_matmul(kc, w.b, x, T, beta);
+    float *beta = SCRATCH_F32(f->sc, (int64_t)T * k.H);
+    kern_matmul(kc, w->b, x, T, beta);
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) beta[i] = kern_sigmoid(beta[i]);
     l2norm_heads(act[0], T, &k, 1.0f / sqrtf((float)k.D));
     l2norm_heads(act[1], T, &k, 1.0f);
 
     float *o = pre[1];
-    kda_recur_job *jobs = xmalloc((size_t)n_seg * sizeof *jobs);
+    kda_recur_job *jobs = SCRATCH_NEW(f->sc, kda_recur_job, n_seg);
+    float *mbuf = SCRATCH_F32(f->sc, (int64_t)kc->n_threads * k.D);
     for (int j = 0; j < n_seg; j++) {
         int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P, b0 = seg[j].row0 * k.H;
         if (rec[j].S0) {
@@ -255,42 +227,25 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
             memcpy(rec[j].beta, beta + b0, (size_t)seg[j].T * k.H * sizeof(float));
         }
         jobs[j] = (kda_recur_job){&k, seg[j].s->layers[f->layer].S, act[0] + o0, act[1] + o0, act[2] + o0, g + o0,
-                                  beta + b0, seg[j].T, o + o0};
+                                  beta + b0, seg[j].T, o + o0, mbuf};
     }
     double t0 = df_now();
-    kern_parallel_for(kc, n_seg * k.H, kda_recur_task, jobs);
+    kern_parallel_for_t(kc, n_seg * k.H, kda_recur_task, jobs);
     model_clock(&f->m->prof.attention, t0);
 
     float *gate = pre[2];
-    if (w.g) {
-        kern_matmul(kc, w.g, x, T, gate);
+    if (w->g) {
+        kern_matmul(kc, w->g, x, T, gate);
     } else {
-        kern_matmul(kc, w.ga, x, T, fa);
-        kern_matmul(kc, w.gb, fa, T, gate);
+        kern_matmul(kc, w->ga, x, T, fa);
+        kern_matmul(kc, w->gb, fa, T, gate);
     }
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) {   /* gated RMSNorm per head, fp32 */
         float *oh = o + i * k.D;
-        kern_rmsnorm(oh, oh, w.onorm, k.D, c->eps);
+        kern_rmsnorm(oh, oh, w->onorm, k.D, c->eps);
         for (int j = 0; j < k.D; j++) oh[j] *= kern_sigmoid(gate[i * k.D + j]);
     }
-    kern_matmul(kc, w.o, o, T, out);
-
-    for (int i = 0; i < 3; i++) {
-        free(pre[i]);
-        free(act[i]);
-    }
-    free(jobs);
-    free(rec);
-    free(fa);
-    free(beta);
-    kda_weights_free(&w);
+    kern_matmul(kc, w->o, o, T, out);
+    scratch_release(f->sc, mark);
     return DF_OK;
-}
-
-int kda_check(df_fwd *f) {
-    kda_dims k = kda_dims_of(&f->m->cfg);
-    kda_weights w;
-    int rc = kda_weights_get(f, &k, &w);
-    if (!rc) kda_weights_free(&w);
-    return rc;
 }

@@ -8,6 +8,8 @@
 #include "config.h"
 #include "kernels/kernels.h"
 #include "storage/store.h"
+#include "scratch.h"
+#include "weights.h"
 
 typedef struct df_model {
     df_config cfg;
@@ -16,7 +18,18 @@ typedef struct df_model {
     int alog_per_channel;      /* alternative per-channel reading of K3's A_log; off by default */
     const char *dir;           /* for messages */
     df_profile prof;           /* accumulated phase times; spine_compute is derived at read time */
+    model_weights w;           /* bound at model_init */
+    scratch sc;                /* the working memory of a pass (one pass at a time) */
 } df_model;
+
+/* After cfg, store, kern, dir and alog_per_channel are set: binds the weights (model_weights_bind) and sizes
+ * the scratch arena for passes of up to rows rows (model_scratch_bytes). */
+int model_init(df_model *m, int rows, df_error *err);
+void model_free(df_model *m);
+/* Scratch bytes a pass of T rows takes over any number of sessions, whose contexts before the pass hold up to
+ * MODEL_SCORE_POSITIONS tokens (the MLA attention scores grow with the context: a longer one grows the arena). */
+size_t model_scratch_bytes(const df_model *m, int T);
+#define MODEL_SCORE_POSITIONS 8192
 
 /* Adds the seconds since *t0 to a phase and restarts the clock. */
 double model_clock(double *phase, double t0);
@@ -89,7 +102,7 @@ void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *
  * recurrence and MLA attention per session on its own state. Appends to every state. A single session's
  * evaluation is the one-segment case. */
 int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err);
-/* Checks every layer's tensors against the config (names, shapes, dtypes). */
+/* Reads every layer's spine once (the tensors' names, shapes and dtypes were checked at model_init). */
 int model_check(df_model *m, df_error *err);
 
 #endif

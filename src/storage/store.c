@@ -186,6 +186,29 @@ void store_layer_peek(df_store *st, int layer, const df_store_layer **out) {
     *out = l;
 }
 
+int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_error *err) {
+    *out = NULL;
+    if (layer < 0 || layer >= st->n_layers)
+        return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
+                            st->n_layers), DF_EINVAL;
+    const df_store_layer *l = &st->layers[layer];
+    if (l->bad >= 0) {
+        const store_item *it = &l->items[l->bad];
+        return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+    }
+    *out = l;
+    return DF_OK;
+}
+
+int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const char *suffix, df_tensor *out) {
+    const store_item *it = store_find_item(l->items, l->n, suffix);
+    df_error e;
+    if (!it || !it->usable || it->int8 || st_tensor_view(&st->shards[it->ref.shard], it->ref.t, out, &e) ||
+        !out->data)
+        return -1;
+    return 0;
+}
+
 void store_layer_release(df_store *st, const df_store_layer *l) {
     if (st->spine && l) spine_release(st->spine, l->index);
 }

@@ -89,6 +89,14 @@ void store_layer_release(df_store *st, const df_store_layer *l);
 /* Like store_layer_acquire when the layer's spine is already in memory; *out = NULL (nothing waited for or
  * read) otherwise. Release with store_layer_release. For look-ahead work that must never stall. */
 void store_layer_peek(df_store *st, int layer, const df_store_layer **out);
+/* A layer's tensor table without reading its bytes, for binding weights at open: store_layer_tensor on it gives
+ * the same df_tensor structs acquire fills (stable for the store's lifetime; name, dtype and shape valid at once,
+ * data only while the layer is acquired). Fails like store_layer_acquire on a layer with an unusable tensor. */
+int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_error *err);
+/* A tensor of that table with its data on the checkpoint file's mapping instead of wherever the layer was last
+ * placed, whatever the streaming state: for reading small tensors once at open without loading their layer. The
+ * data may be unaligned (copy it before typed reads). -1 when absent or unusable. */
+int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const char *suffix, df_tensor *out);
 
 /* Number of routed experts stored for a layer (0 for dense layers). */
 int store_expert_count(const df_store *st, int layer);

@@ -104,6 +104,13 @@ static float *model_logits(const char *dir, const store_opts *so, const int32_t 
     m.store = st;
     m.kern = &kern;
     m.dir = dir;
+    rc = model_init(&m, np, err);
+    if (rc) {
+        kern_free(&kern);
+        config_free(&m.cfg);
+        store_free(st);
+        return NULL;
+    }
     df_state *s = state_new(&m);
     int V = m.cfg.vocab;
     float *out = xmalloc((size_t)(np + nd) * V * sizeof(float));
@@ -114,6 +121,7 @@ static float *model_logits(const char *dir, const store_opts *so, const int32_t 
         rc = model_forward_batch(&m, &seg, 1, dec + i, err);
     }
     state_free(s);
+    model_free(&m);
     kern_free(&kern);
     config_free(&m.cfg);
     store_free(st);
