@@ -25,8 +25,8 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     store_opts so = {.mem_budget = opts->mem_budget, .cache_slots = opts->cache_slots,
                      .spine_stream = opts->spine_stream, .buffered_io = opts->buffered_io,
                      .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_kind,
-                     .spine_int8 = opts->spine == DF_SPINE_INT8, .lookahead = opts->lookahead,
-                     .cache_policy = opts->cache_policy, .trace_path = opts->trace_routing, .heat = opts->heat,
+                     .spine = opts->spine, .lookahead = opts->lookahead,
+                     .cache_policy = opts->cache_policy, .trace_routing = opts->trace_routing, .heat = opts->heat,
                      .head_tile_rows = opts->head_tile_rows, .expert_dirs = opts->expert_dirs};
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
@@ -423,14 +423,14 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->cache_bytes = ss.cache_bytes;
     out->resident_spine_bytes = ss.resident_spine_bytes;
     out->stream_buffer_bytes = ss.stream_buffer_bytes;
-    out->expert_bytes = ss.expert_slot_bytes;
+    out->expert_bytes = ss.expert_bytes;
     out->cache_slots = ss.cache_slots;
     out->streamed_layers = ss.streamed_layers;
     out->direct_fallbacks = ss.direct_fallbacks;
     out->io_uring = ss.io_uring;
-    out->lookahead_loads = ss.hint_loads;
-    out->lookahead_requests = ss.hint_requests;
-    out->lookahead_recalled = ss.hint_recalled;
+    out->lookahead_loads = ss.lookahead_loads;
+    out->lookahead_requests = ss.lookahead_requests;
+    out->lookahead_recalled = ss.lookahead_recalled;
     out->warm_loads = ss.warm_loads;
     out->head_tiles = ss.head_tiles;
 }

@@ -256,11 +256,11 @@ static void ec_top_up(ecache *c) {
 static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
     if (!c->hint_layer[layer]) return;
     c->hint_layer[layer] = 0;
-    c->st.hint_requests += (uint64_t)n;
+    c->st.lookahead_requests += (uint64_t)n;
     c->lh[layer].requests += (uint64_t)n;
     for (int i = 0; i < n; i++) {
         uint8_t named = c->hinted[ec_key(c, layer, ids[i])];
-        c->st.hint_recalled += named;
+        c->st.lookahead_recalled += named;
         c->lh[layer].recalled += named;
     }
     for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++) c->lh[layer].guessed += c->hinted[k];
@@ -278,7 +278,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, int n, int read) {
         int v = ec_victim(c, 0);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, layer, ids[i]);
-        c->st.hint_loads++;
+        c->st.lookahead_loads++;
         c->lh[layer].loads++;
         io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
     }

@@ -25,9 +25,9 @@ typedef struct ecache_stats {
     uint64_t loads;          /* load callbacks run */
     uint64_t waits;          /* acquires that found their expert still being read */
     uint64_t evictions;
-    uint64_t hint_loads;     /* reads started by look-ahead hints */
-    uint64_t hint_requests;  /* experts prefetched for layers that had a hint */
-    uint64_t hint_recalled;  /* of those, experts the hint had named */
+    uint64_t lookahead_loads;     /* reads started by look-ahead hints */
+    uint64_t lookahead_requests;  /* experts prefetched for layers that had a hint */
+    uint64_t lookahead_recalled;  /* of those, experts the hint had named */
     uint64_t warm_loads;     /* reads started by warming */
     int slots;
     size_t slot_bytes;

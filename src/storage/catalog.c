@@ -314,7 +314,7 @@ int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, d
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* The int8 spine (format in int8_spine.h). With opts.spine_int8, every spine item whose checkpoint
+/* The int8 spine (format in int8_spine.h). With opts.spine DF_SPINE_INT8, every spine item whose checkpoint
  * tensor has an int8 copy in the sidecar points at that copy instead: one byte range holding the fp16 row
  * scales then the int8 rows, which the mapping, the memory plan and spine streaming then size, read and place
  * like any other tensor (store_item_place splits it into scale and data). */
@@ -361,7 +361,7 @@ static int store_int8_swap(df_store *st, store_item *it, int first_shard, df_err
 }
 
 int catalog_use_int8_spine(df_store *st, df_error *err) {
-    if (!st->opts.spine_int8) return DF_OK;
+    if (st->opts.spine != DF_SPINE_INT8) return DF_OK;
     char **files;
     int n, rc = int8_spine_files(st->dir, &files, &n, err), first = st->n_shards;
     if (!rc && !n)

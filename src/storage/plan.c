@@ -97,8 +97,8 @@ static int store_policy_open(df_store *st, df_error *err) {
         free(ids);
         free(w);
     }
-    if (!st->opts.trace_path) return DF_OK;
-    return rtrace_writer_open(&st->trace, st->opts.trace_path, st->n_layers, st->n_experts, err);
+    if (!st->opts.trace_routing) return DF_OK;
+    return rtrace_writer_open(&st->trace, st->opts.trace_routing, st->n_layers, st->n_experts, err);
 }
 
 /* lm_head can be tiled when it is a plain matrix (the int8 copy keeps its row scales apart). */

@@ -246,9 +246,9 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->expert_waits = c.waits;
         o->cache_slots = c.slots;
         o->cache_bytes = (uint64_t)c.slots * c.slot_bytes;
-        o->hint_loads = c.hint_loads;
-        o->hint_requests = c.hint_requests;
-        o->hint_recalled = c.hint_recalled;
+        o->lookahead_loads = c.lookahead_loads;
+        o->lookahead_requests = c.lookahead_requests;
+        o->lookahead_recalled = c.lookahead_recalled;
         o->warm_loads = c.warm_loads;
     }
     o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
@@ -259,7 +259,7 @@ void store_get_stats(df_store *st, store_stats *o) {
     o->direct_fallbacks = atomic_load(&st->src_expert->direct_fallbacks);
     o->mem_budget = st->opts.mem_budget;
     o->reserve_bytes = st->reserve_bytes;
-    o->expert_slot_bytes = st->slot_bytes;
+    o->expert_bytes = st->slot_bytes;
     o->spine_mapped = !st->spine;
     o->head_tiles = st->head_tiled ? st->head.n : 0;
     if (st->spine) {

@@ -32,14 +32,15 @@ typedef struct store_opts {
     int io_threads;          /* I/O pool size; 0 = 8 */
     const char *remote_url;  /* partial install: fetch missing experts from here (remote.h); NULL = none */
     int io_kind;             /* IO_KIND_* of io.h: 0 = the faster one here, 1 = pread pool, 2 = io_uring */
-    int spine_int8;          /* 1: spine matrices from the int8 sidecar (int8_spine.h); an error if it is absent */
+    int spine;               /* DF_SPINE_*: INT8 reads spine matrices from the int8 sidecar (int8_spine.h), an
+                                error if it is absent */
     int lookahead;           /* DF_LOOKAHEAD_*: when guesses of a coming layer's experts are read (readahead.h) */
     /* Tests only: called on the reading thread before each expert read (e.g. to sleep so that experts arrive in
      * an order of the test's choosing); NULL in normal use. */
     void (*test_before_read)(void *ctx, int layer, int e);
     void *test_ctx;
     int cache_policy;        /* DF_CACHE_* of deltafin.h: expert replacement policy; 0 = the default */
-    const char *trace_path;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
+    const char *trace_routing;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
     int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
     int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
     const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
@@ -53,13 +54,13 @@ typedef struct store_stats {
     uint64_t expert_disk_bytes, spine_disk_bytes;
     uint64_t net_bytes;                   /* expert bytes fetched over HTTP (partial install + --remote) */
     uint64_t mem_budget, resident_spine_bytes, stream_buffer_bytes, cache_bytes, reserve_bytes;
-    uint64_t expert_slot_bytes;
+    uint64_t expert_bytes;
     int cache_slots;
     int streamed_layers;                  /* layers whose spine is re-read every pass (0: all resident) */
     int spine_mapped;                     /* spine served from the file mapping (it fits the budget) */
     int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
-    uint64_t hint_loads, hint_requests, hint_recalled;   /* look-ahead: reads, experts asked, of them hinted */
+    uint64_t lookahead_loads, lookahead_requests, lookahead_recalled;   /* look-ahead: reads, experts asked, of them hinted */
     uint64_t warm_loads;                  /* reads started by warming from saved heat */
     int head_tiles;                       /* lm_head streamed in this many row tiles (0: in memory whole) */
 } store_stats;

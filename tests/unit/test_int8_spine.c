@@ -140,7 +140,7 @@ static void test_store_views(const char *dir, const char *fixture) {
     df_error err = {0};
     df_store *st = NULL;
     store_opts so = {0};
-    so.spine_int8 = 1;
+    so.spine = DF_SPINE_INT8;
     int rc = store_open_ex(&st, dir, &so, &err);
     CHECK(!rc, "%s: store opens with the int8 spine (%s)", fixture, rc ? err.msg : "ok");
     if (rc) return;

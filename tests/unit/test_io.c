@@ -108,18 +108,18 @@ static void test_hint(void) {
     }
     ecache_stats s;
     ecache_get_stats(c, &s);
-    CHECK(ok && s.hint_loads == 2 && s.misses == 2 && s.hits == 0,
+    CHECK(ok && s.lookahead_loads == 2 && s.misses == 2 && s.hits == 0,
           "hint: reads only into the 2 idle slots, current prefetch intact (hint loads %llu, misses %llu, hits %llu)",
-          (unsigned long long)s.hint_loads, (unsigned long long)s.misses, (unsigned long long)s.hits);
+          (unsigned long long)s.lookahead_loads, (unsigned long long)s.misses, (unsigned long long)s.hits);
     ecache_prefetch(c, 1, real, 2);
     for (int i = 0; i < 2; i++) {
         ok &= ecache_acquire(c, 1, real[i], &x, &err) == DF_OK && ((uint8_t *)x.w1.data)[0] == 16 + real[i];
         ecache_release(c, 1, real[i]);
     }
     ecache_get_stats(c, &s);
-    CHECK(ok && s.hint_requests == 2 && s.hint_recalled == 1 && s.hits == 1 && s.misses == 3,
+    CHECK(ok && s.lookahead_requests == 2 && s.lookahead_recalled == 1 && s.hits == 1 && s.misses == 3,
           "hint: recall scored (%llu of %llu), the guessed expert served without a second read",
-          (unsigned long long)s.hint_recalled, (unsigned long long)s.hint_requests);
+          (unsigned long long)s.lookahead_recalled, (unsigned long long)s.lookahead_requests);
     ecache_free(c);
     io_pool_free(pool);
 }
