@@ -47,6 +47,16 @@ static void server_stop(server *s) {
     waitpid(s->pid, NULL, 0);
 }
 
+/* The end of a test program that served tmp: the server stopped, tmp removed, curl cleaned up. */
+static int server_finish(server *s, const char *tmp) {
+    server_stop(s);
+    char cmd[600];
+    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
+    int rc = system(cmd);
+    curl_global_cleanup();
+    return rc;
+}
+
 static size_t ctl_write(char *p, size_t sz, size_t n, void *ctx) {
     char *buf = ctx;
     size_t have = strlen(buf), k = sz * n;

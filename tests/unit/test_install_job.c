@@ -276,10 +276,6 @@ int main(void) {
     test_installs(&R, &s, from, tmp);
     free(R.file);
     free(R.t);
-    server_stop(&s);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd)) return 1;
-    curl_global_cleanup();
+    if (server_finish(&s, tmp)) return 1;
     TEST_EXIT();
 }

@@ -238,10 +238,6 @@ int main(void) {
     test_soak(&s, file, n);
     printf("# faults %.1f s, install %.1f s, soak %.1f s\n", t1 - t0, t2 - t1, df_now() - t2);
     free(file);
-    server_stop(&s);
-    char cmd[600];
-    snprintf(cmd, sizeof cmd, "rm -rf %s", tmp);
-    if (system(cmd)) return 1;
-    curl_global_cleanup();
+    if (server_finish(&s, tmp)) return 1;
     TEST_EXIT();
 }

@@ -11,6 +11,7 @@
 #include "deltafin.h"
 #include "common/util.h"
 #include "engine/engine_internal.h"
+#include "st_fixture.h"
 
 #define MODEL "models/default"
 
@@ -137,16 +138,6 @@ static void test_no_allocation(int stream) {
     df_engine_free(e);
 }
 
-static void write_file(const char *dir, const char *name, const void *data, size_t n) {
-    char path[512];
-    snprintf(path, sizeof path, "%s/%s", dir, name);
-    FILE *f = fopen(path, "wb");
-    if (!f || fwrite(data, 1, n, f) != n || fclose(f)) {
-        fprintf(stderr, "cannot write %s\n", path);
-        exit(2);
-    }
-}
-
 /* The bundled model's files, with one tensor name in the header changed (same length, so nothing else moves). */
 static int copy_renamed(const char *dst, const char *from, const char *to) {
     size_t n = 0, nc = 0;
@@ -155,8 +146,8 @@ static int copy_renamed(const char *dst, const char *from, const char *to) {
     if (!st || !cfg || strlen(from) != strlen(to)) return -1;
     char *at = memmem(st, n, from, strlen(from));
     if (at) memcpy(at, to, strlen(to));
-    write_file(dst, "model.safetensors", st, n);
-    write_file(dst, "config.json", cfg, nc);
+    fx_write_file(dst, "model.safetensors", st, n);
+    fx_write_file(dst, "config.json", cfg, nc);
     free(st);
     free(cfg);
     return at ? 0 : -1;
