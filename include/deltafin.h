@@ -143,12 +143,15 @@ DF_API int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *
  * evaluation kept; otherwise the kept history is evaluated again (df_stats counts both). */
 DF_API int df_session_truncate(df_session *s, int64_t pos, df_error *err);
 /* Bytes a session of this engine holds once it has consumed n_tokens (recurrent state, convolution tails,
- * the attention cache as it grows, its token history and last logits): what a server reserves per
- * conversation so that sessions count in the memory budget. A rollback record (below) comes on top. */
-DF_API uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens);
-/* Rows one forward pass should take at most (prompt slices and decode rows together): 1/16 of the memory budget
- * over 64 floats per hidden unit per row, within 16..4096. */
+ * the attention cache as it grows, its token history and last logits) with the rollback record of
+ * rollback_rows (see df_session_set_rollback_rows; 0 = none): what a server reserves per conversation so
+ * that sessions count in the memory budget. */
+DF_API uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens, int rollback_rows);
+/* Rows one forward pass should take at most (prompt slices and decode rows together, and the chunks
+ * df_session_sync evaluates a long prompt in): the budget's share for working buffers (1/16 of it, within
+ * 64 MiB..1 GiB) over 64 floats per hidden unit per row, within 16..4096. */
 DF_API int df_engine_pass_rows(const df_engine *eng);
+#define DF_ROLLBACK_ROWS_DEFAULT 32
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the
  * memory it held is freed); one-token evaluations keep nothing. Per KDA layer that is a copy of the
  * recurrent and conv state (made at the start of each such evaluation) plus 6 * heads * head_dim + heads

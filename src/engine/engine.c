@@ -9,8 +9,6 @@
 #include "common/util.h"
 #include "engine/engine_internal.h"
 
-static int engine_chunk_rows(const df_engine *e);
-
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
 }
@@ -57,8 +55,8 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
-    /* the scratch arena holds the passes of the server's slots and of a prompt's chunks without growing */
-    rc = model_init(&e->model, DF_MAX(df_engine_pass_rows(e), engine_chunk_rows(e)), err);
+    /* the scratch arena holds a pass of the server's slots or of a prompt's chunk without growing */
+    rc = model_init(&e->model, df_engine_pass_rows(e), err);
     if (rc) {
         kern_free(&e->kern);
         config_free(&e->model.cfg);
@@ -222,18 +220,9 @@ const int32_t *df_session_tokens(const df_session *s, int64_t *n) {
     return s->hist;
 }
 
-/* Rows per pass when a prompt is evaluated in chunks: as many as the memory budget's share for working
- * buffers (storage's reserve) holds at a generous 64 fp32 activations of width d per row in flight. */
-static int engine_chunk_rows(const df_engine *e) {
-    store_stats ss;
-    store_get_stats(e->store, &ss);
-    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
-    return (int)DF_MIN(DF_MAX(rows, 16), 4096);
-}
-
 /* Evaluates ids[0..n) on top of the current state in bounded chunks; the last chunk's logits go to logits. */
 static int session_feed(df_session *s, const int32_t *ids, int64_t n, float *logits, df_error *err) {
-    int rc = DF_OK, chunk = engine_chunk_rows(s->eng);
+    int rc = DF_OK, chunk = df_engine_pass_rows(s->eng);
     for (int64_t at = 0; !rc && at < n; at += chunk) {
         int c = n - at < chunk ? (int)(n - at) : chunk;
         rc = df_session_eval(s, ids + at, c, at + c == n ? logits : NULL, 0, err);
@@ -301,16 +290,15 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 
 int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 
-/* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
 int df_engine_pass_rows(const df_engine *e) {
-    df_stats st;
-    df_engine_stats(e, &st);
-    uint64_t per_row = 64ull * (uint64_t)e->info.hidden_size * sizeof(float);
-    uint64_t rows = st.mem_budget / 16 / (per_row ? per_row : 1);
-    return (int)DF_MAX(DF_MIN(rows, 4096ull), 16ull);
+    store_stats ss;
+    store_get_stats(e->store, &ss);
+    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
+    return (int)DF_MIN(DF_MAX(rows, 16), 4096);
 }
 
-uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
+/* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
+uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens, int rollback_rows) {
     const df_config *c = &e->model.cfg;
     int64_t cap = 64;
     while (cap < n_tokens) cap *= 2;
@@ -324,7 +312,7 @@ uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens) {
             bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
         }
     }
-    return bytes;
+    return bytes + state_record_bytes(&e->model, rollback_rows);
 }
 
 int df_session_copy(df_session *dst, const df_session *src, df_error *err) {

@@ -20,7 +20,7 @@ df_state *state_new(const df_model *m) {
     const df_config *c = &m->cfg;
     df_state *s = xcalloc(1, sizeof *s);
     s->n_layers = c->n_layers;
-    s->rec_max = MODEL_RECORD_ROWS;
+    s->rec_max = DF_ROLLBACK_ROWS_DEFAULT;
     s->layers = xcalloc(c->n_layers, sizeof *s->layers);
     for (int i = 0; i < c->n_layers; i++) {
         df_layer_state *l = &s->layers[i];
@@ -123,6 +123,14 @@ uint64_t state_bytes(const df_model *m, const df_state *s) {
         n += (uint64_t)l->rec_cap * sizeof(float) + (uint64_t)l->cap * (c->kv_lora + (c->rope ? c->rope : 1)) * 4;
     }
     return n + state_blob_size(m, 0);
+}
+
+uint64_t state_record_bytes(const df_model *m, int rows) {
+    if (rows < 2) return 0;
+    uint64_t n = 0;
+    for (int i = 0; i < m->cfg.n_layers; i++)
+        if (m->cfg.mixer[i] == MIXER_KDA) n += (uint64_t)kda_record_floats(&m->cfg, rows) * sizeof(float);
+    return n;
 }
 
 /* The blob: per layer in order, KDA S and conv, or the first pos rows of the MLA latents and rope keys. */

@@ -48,9 +48,6 @@ typedef struct df_layer_state {
     int64_t rec_cap;           /* floats allocated in rec */
 } df_layer_state;
 
-/* Evaluations of up to this many rows per session keep a rollback record by default (state_new). */
-#define MODEL_RECORD_ROWS 32
-
 typedef struct df_state {
     int64_t pos;               /* tokens consumed */
     df_step_fn step;           /* optional per-layer callback; non-zero aborts */
@@ -91,6 +88,9 @@ int state_rewind(df_model *m, df_state *s, int64_t pos);
 void state_set_record_rows(df_state *s, int rows);
 /* Bytes s holds: KDA states, MLA caches (allocated), rollback record. */
 uint64_t state_bytes(const df_model *m, const df_state *s);
+/* Bytes the rollback record of an evaluation of rows tokens holds (0 for rows < 2: one-token evaluations keep
+ * none). */
+uint64_t state_record_bytes(const df_model *m, int rows);
 /* The whole state as bytes: state_blob_size(m, pos) bytes for a state at pos; state_blob_put writes them,
  * state_blob_get reads them into s (which must be reset; sets s->pos). */
 uint64_t state_blob_size(const df_model *m, int64_t pos);

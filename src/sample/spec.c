@@ -83,6 +83,12 @@ static int draft_sessions_init(spec *sp, df_error *err) {
     return DF_OK;
 }
 
+uint64_t spec_state_bytes(const spec *sp, int64_t n_tokens) {
+    if (!sp || !sp->deng) return 0;
+    return 2 * df_session_state_bytes(sp->deng, n_tokens, DF_ROLLBACK_ROWS_DEFAULT) +
+           (uint64_t)sp->vocab * sizeof(float);
+}
+
 int spec_init(spec **out, const spec_opts *o, df_engine *target, df_error *err) {
     *out = NULL;
     if (o->mode == SPEC_DRAFT && !o->draft_dir) {

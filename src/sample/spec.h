@@ -59,6 +59,9 @@ void spec_observe(spec *sp, int rows, int accepted, double eval_s, double rollba
 int spec_init_like(spec **out, const spec *base, df_error *err);
 void spec_set_shared_rows(spec *sp, int rows);
 void spec_get_stats(const spec *sp, spec_stats *out);
+/* Bytes a stream's speculation holds beside its target session once the context has n_tokens: the draft
+ * model's two sessions and its logits (0 without a draft model). */
+uint64_t spec_state_bytes(const spec *sp, int64_t n_tokens);
 
 /* Longest earlier occurrence of a suffix of t[0..n): *len gets its length (at most max_len; 0 if none) and
  * the return value is the index just past that earlier occurrence (its continuation starts there). */

@@ -238,9 +238,9 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
     }
     j->n_choices = r->n;
     /* its answers' states must fit the slot memory beside the other slots at their smallest */
-    uint64_t rest = (uint64_t)(s->n_slots - r->n) * df_session_state_bytes(s->eng, 0);
+    uint64_t rest = (uint64_t)(s->n_slots - r->n) * slot_bytes(s, 0);
     int64_t fit = room;
-    while (fit > 0 && rest + (uint64_t)r->n * df_session_state_bytes(s->eng, (int64_t)j->prompt.n + fit) > s->slot_mem)
+    while (fit > 0 && rest + (uint64_t)r->n * slot_bytes(s, (int64_t)j->prompt.n + fit) > s->slot_mem)
         fit /= 2;
     if (fit < 1) {
         srv_err_set(err, 400, "invalid_request_error", "context_length_exceeded", what,

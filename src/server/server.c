@@ -74,11 +74,17 @@ static void srv_free(srv *s) {
     free(s);
 }
 
-/* Rows one forward pass may take: the working memory storage keeps aside (1/16 of the budget, as the
- * store plans it) over a generous estimate of one row's activations (64 floats per hidden unit). */
+/* The conversation slots, as many as --parallel asks or as the slot memory holds at a typical length, each
+ * with its session, speculation and buffers; the engine's pass rows. */
 static int slots_init(srv *s, df_error *err) {
-    uint64_t fixed = df_session_state_bytes(s->eng, 0);
-    uint64_t typical = df_session_state_bytes(s->eng, DF_MIN(s->info->max_context, (int64_t)SRV_TYPICAL_TOKENS));
+    if (s->o.spec && s->o.spec->mode != SPEC_OFF) {
+        spec_opts so = *s->o.spec;
+        so.n_threads = s->o.n_threads;
+        int rc = spec_init(&s->spec, &so, s->eng, err);
+        if (rc) return rc;
+    }
+    uint64_t fixed = slot_bytes(s, 0);
+    uint64_t typical = slot_bytes(s, DF_MIN(s->info->max_context, (int64_t)SRV_TYPICAL_TOKENS));
     int n = s->o.parallel;
     if (!n) n = (int)DF_MAX(1ull, DF_MIN((uint64_t)SRV_DEFAULT_PARALLEL, s->slot_mem / typical));
     if ((uint64_t)n * fixed > s->slot_mem) {
@@ -87,12 +93,6 @@ static int slots_init(srv *s, df_error *err) {
                      "is %llu MiB (raise --slot-mem or --mem, or lower --parallel)",
                      n, (unsigned long long)((n * fixed) >> 20), (unsigned long long)(s->slot_mem >> 20));
         return DF_ENOMEM;
-    }
-    if (s->o.spec && s->o.spec->mode != SPEC_OFF) {
-        spec_opts so = *s->o.spec;
-        so.n_threads = s->o.n_threads;
-        int rc = spec_init(&s->spec, &so, s->eng, err);
-        if (rc) return rc;
     }
     s->n_slots = n;
     s->slots = xcalloc((size_t)n, sizeof *s->slots);

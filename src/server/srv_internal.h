@@ -147,6 +147,9 @@ void *worker_main(void *arg);
 srv_job *job_new(srv *s);
 void job_release(srv *s, srv_job *j);      /* takes srv.mu */
 void job_wake(srv_job *j);                 /* tells the connection there is news */
+/* Slot memory one conversation of tokens takes: its session (with the rollback record speculation keeps),
+ * and with speculation its verify rows' logits and the draft model's sessions. */
+uint64_t slot_bytes(const srv *s, int64_t tokens);
 /* Queues j (the queue takes a reference) or refuses with 429 when the queue is full; 503 while stopping.
  * With --queue 0 a request is taken only when a slot is free at once. */
 int job_enqueue(srv *s, srv_job *j, srv_err *err);

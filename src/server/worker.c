@@ -132,7 +132,13 @@ void job_cancel(srv *s, srv_job *j) {
 
 /* ---- slots and their memory ---- */
 
-static uint64_t slot_bytes(const srv *s, int64_t tokens) { return df_session_state_bytes(s->eng, tokens); }
+uint64_t slot_bytes(const srv *s, int64_t tokens) {
+    if (!s->spec) return df_session_state_bytes(s->eng, tokens, 0);
+    /* speculation: the rollback record of a verify pass, its rows of logits and the draft model's sessions */
+    int rows = spec_draft_max(s->spec) + 1;
+    return df_session_state_bytes(s->eng, tokens, rows) + (uint64_t)rows * s->info->vocab_size * sizeof(float) +
+           spec_state_bytes(s->spec, tokens);
+}
 
 static uint64_t slots_reserved(const srv *s) {
     uint64_t sum = 0;

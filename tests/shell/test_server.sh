@@ -99,8 +99,18 @@ start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read
 slots_url=$url slots_pid=$pid
 start ./deltafin "$tmp/q0.log" --api-key "$key" --parallel 1 --queue 0 --no-prompt-cache
 q0_url=$url q0_pid=$pid
-start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 1700K --no-prompt-cache
+start ./deltafin "$tmp/mem.log" --api-key "$key" --parallel 2 --slot-mem 1700K --no-prompt-cache --spec off
 mem_url=$url mem_pid=$pid
+# speculation's share (rollback record, verify rows' logits) counts too: the same slot memory no longer holds
+# two empty slots with --spec ngram
+if ./deltafin serve -m "$model" --port 0 --parallel 2 --slot-mem 1700K --spec ngram >"$tmp/memspec.log" 2>&1; then
+    echo "not ok - --slot-mem counts speculation's memory (the server started)"
+elif grep -q 'needs .* MiB of conversation state before any token; the slot memory is 1 MiB' "$tmp/memspec.log"; then
+    echo "ok - --slot-mem counts speculation's memory: 1700K refused for two slots with --spec ngram"
+else
+    cat "$tmp/memspec.log"
+    echo "not ok - --slot-mem counts speculation's memory (unexpected message)"
+fi
 SECONDS=0
 DELTAFIN_URL=$slots_url DELTAFIN_URL0=$q0_url DELTAFIN_URLM=$mem_url DELTAFIN_PID=$slots_pid timeout 300 \
     node tests/server/slots.test.mjs ||

@@ -176,6 +176,12 @@ static void run_edges(void) {
     uint64_t without = df_session_memory(s);
     CHECK(without < with_record, "the record counts in the session's memory (%llu -> %llu bytes)",
           (unsigned long long)with_record, (unsigned long long)without);
+    /* the largest evaluation that kept a record had 8 rows: the estimate's share for it is what it held */
+    int64_t pos = df_session_pos(s);
+    uint64_t est = df_session_state_bytes(eng, pos, 8) - df_session_state_bytes(eng, pos, 0);
+    CHECK(est == with_record - without && df_session_state_bytes(eng, pos, 1) == df_session_state_bytes(eng, pos, 0),
+          "df_session_state_bytes counts an 8-row rollback record as held (%llu bytes), a 1-row one as none",
+          (unsigned long long)est);
     df_session_eval(s, ids + 8, 3, NULL, 0, &err);
     df_engine_stats(eng, &a);
     rc = df_session_truncate(s, 9, &err);
