@@ -148,8 +148,8 @@ DF_API int df_session_truncate(df_session *s, int64_t pos, df_error *err);
  * that sessions count in the memory budget. */
 DF_API uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens, int rollback_rows);
 /* Rows one forward pass should take at most (prompt slices and decode rows together, and the chunks
- * df_session_sync evaluates a long prompt in): the budget's share for working buffers (1/16 of it, within
- * 64 MiB..1 GiB) over 64 floats per hidden unit per row, within 16..4096. */
+ * df_session_sync evaluates a long prompt in): 1/16 of the memory budget over 64 floats per hidden unit per
+ * row, within 16..4096. */
 DF_API int df_engine_pass_rows(const df_engine *eng);
 #define DF_ROLLBACK_ROWS_DEFAULT 32
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the

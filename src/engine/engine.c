@@ -293,7 +293,7 @@ int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 int df_engine_pass_rows(const df_engine *e) {
     store_stats ss;
     store_get_stats(e->store, &ss);
-    uint64_t rows = ss.reserve_bytes / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
+    uint64_t rows = ss.mem_budget / 16 / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
     return (int)DF_MIN(DF_MAX(rows, 16), 4096);
 }
 
