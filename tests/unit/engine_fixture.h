@@ -14,6 +14,7 @@
 #include "deltafin.h"
 #include "common/prompt.h"
 #include "common/util.h"
+#include "test.h"
 
 /* Defaults on dir with the kernels isa (NULL = this CPU's best) and two threads. */
 static inline void ef_opts(df_engine_opts *o, const char *dir, const char *isa) {
@@ -96,6 +97,33 @@ static inline int ef_list_fixtures(const char *root, const char *marker, char na
         if (de->d_name[0] != '.' && !stat(p, &sb)) snprintf(names[n++], 256, "%s", de->d_name);
     }
     closedir(d);
+    return n;
+}
+
+/* A fixture's prompt.json. */
+typedef struct ef_prompt {
+    int32_t *pre, *dec;
+    int np, nd;
+} ef_prompt;
+
+/* Runs fn on each folder under root that holds a file named marker, with its prompt read (a prompt that
+ * cannot be read fails a check instead). Returns the number of folders, or -1 if root cannot be read. */
+static inline int ef_each_fixture(const char *root, const char *marker,
+                                  void (*fn)(const char *dir, const char *name, const ef_prompt *p)) {
+    char names[EF_MAX_FIXTURES][256];
+    int n = ef_list_fixtures(root, marker, names);
+    for (int i = 0; i < n; i++) {
+        char dir[2048];
+        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
+        ef_prompt p = {0};
+        df_error err = {0};
+        if (ef_read_prompt(dir, &p.pre, &p.np, &p.dec, &p.nd, &err))
+            CHECK(0, "%s: prompt: %s", names[i], err.msg);
+        else
+            fn(dir, names[i], &p);
+        free(p.pre);
+        free(p.dec);
+    }
     return n;
 }
 

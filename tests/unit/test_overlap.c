@@ -128,14 +128,10 @@ static float *model_logits(const char *dir, const store_opts *so, const int32_t 
     return out;
 }
 
-static void check_fixture(const char *dir, const char *name) {
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0, V = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd, V = 0;
     df_error err = {0};
-    if (ef_read_prompt(dir, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: prompt: %s", name, err.msg);
-        return;
-    }
     df_engine_opts o;
     ef_opts(&o, dir, NULL);
     o.lookahead = DF_LOOKAHEAD_OFF;
@@ -164,8 +160,6 @@ static void check_fixture(const char *dir, const char *name) {
         free(got);
     }
     free(ref);
-    free(pre);
-    free(dec);
 }
 
 /* ---- the look-ahead cost model ------------------------------------------------------------------------ */
@@ -191,14 +185,6 @@ int main(void) {
     test_policy();
     test_arrival_order("tests/fixtures/k3-tiny");
     const char *root = "tests/fixtures";
-    char names[EF_MAX_FIXTURES][256];
-    int n = ef_list_fixtures(root, "prompt.json", names);
-    CHECK(n >= 0, "fixtures folder %s", root);
-    if (n < 0) TEST_EXIT();
-    for (int i = 0; i < n; i++) {
-        char dir[2048];
-        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-        check_fixture(dir, names[i]);
-    }
+    CHECK(ef_each_fixture(root, "prompt.json", check_fixture) >= 0, "fixtures folder %s", root);
     TEST_EXIT();
 }

@@ -54,15 +54,11 @@ static int run_fixture(const char *dir, const char *isa, int split, const float 
     return rc;
 }
 
-static void check_fixture(const char *dir, const char *name) {
-    char path[1100];
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    char path[2100];
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd;
     df_error err = {0};
-    if (ef_read_prompt(dir, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: %s", name, err.msg);
-        return;
-    }
     snprintf(path, sizeof path, "%s/logits.f32", dir);
     size_t len = 0;
     float *want = (float *)df_read_file(path, &len, &err);
@@ -83,19 +79,11 @@ static void check_fixture(const char *dir, const char *name) {
               name, r.max_diff, rc ? ": " : "", rc ? err.msg : "");
     }
     free(want);
-    free(pre);
-    free(dec);
 }
 
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/fixtures";
-    char names[EF_MAX_FIXTURES][256];
-    int n = ef_list_fixtures(root, "logits.f32", names);
+    int n = ef_each_fixture(root, "logits.f32", check_fixture);
     CHECK(n > 0, "found %d fixtures in %s", n, root);
-    for (int i = 0; i < n; i++) {
-        char p[600];
-        snprintf(p, sizeof p, "%s/%.300s", root, names[i]);
-        check_fixture(p, names[i]);
-    }
     TEST_EXIT();
 }

@@ -38,14 +38,10 @@ static float *run_logits(const char *dir, const run_cfg *c, const int32_t *pre, 
     return got;
 }
 
-static void check_fixture(const char *dir, const char *name) {
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0, V = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd, V = 0;
     df_error err = {0};
-    if (ef_read_prompt(dir, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: prompt: %s", name, err.msg);
-        return;
-    }
     enum { AUTO = DF_LOOKAHEAD_AUTO, ON = DF_LOOKAHEAD_ON, OFF = DF_LOOKAHEAD_OFF };
     static const run_cfg cfgs[] = {
         {"default (look-ahead auto)", 0, 0, 0, 0, AUTO, NULL},
@@ -88,8 +84,6 @@ static void check_fixture(const char *dir, const char *name) {
               (unsigned long long)st[1].expert_requests, (unsigned long long)st[0].expert_loads,
               (unsigned long long)st[0].expert_requests);
     free(ref);
-    free(pre);
-    free(dec);
 }
 
 /* ---- coalescing ------------------------------------------------------------------------------------ */
@@ -249,15 +243,7 @@ static void test_budget(const char *fixture) {
 
 int main(void) {
     const char *root = "tests/fixtures";
-    char names[EF_MAX_FIXTURES][256];
-    int n = ef_list_fixtures(root, "prompt.json", names);
-    CHECK(n >= 0, "fixtures folder %s", root);
-    if (n < 0) TEST_EXIT();
-    for (int i = 0; i < n; i++) {
-        char dir[2048];
-        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-        check_fixture(dir, names[i]);
-    }
+    CHECK(ef_each_fixture(root, "prompt.json", check_fixture) >= 0, "fixtures folder %s", root);
     test_coalesce("tests/fixtures/k3-tiny");
     test_damage("tests/fixtures/k3-tiny", 0);
     test_damage("tests/fixtures/k3-tiny", 1);
