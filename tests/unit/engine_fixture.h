@@ -1,6 +1,6 @@
 /* engine_fixture.h — helpers for tests that run the engine on model folders: the tests' usual engine
- * options, opening an engine, a fixture's prompt and the logits of every row of it, listing the fixtures,
- * comparing logits, and a temp folder that links a model's files. */
+ * options, opening an engine, a fixture's prompt and the logits of every row of it, listing the fixtures (or
+ * running a check on each), comparing logits, and a temp folder that links a model's files. */
 #ifndef DF_ENGINE_FIXTURE_H
 #define DF_ENGINE_FIXTURE_H
 
