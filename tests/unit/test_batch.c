@@ -5,14 +5,11 @@
  * CPU runs them); with the best kernels of this CPU within BATCH_TOL of the logits' scale (AMX takes MXFP4
  * products from 4 rows and sums in another order). Also: a failed batch leaves its sessions as they were,
  * and a batch reads the spine once and each expert of a layer's union once. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 
 /* Largest logit difference allowed between a batched and an alone evaluation with row-count-dependent
  * kernels, relative to the largest |logit| (at least 1): float rounding, a few ulps of the logits. */
@@ -29,17 +26,6 @@ static const int rows2[N_SESS] = {1, 1, 2, 1};
 
 static void make_ids(int32_t *ids, int n, int V, int salt) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(1 + ((i + 1) * 37 + salt * 101) % (V - 1));
-}
-
-/* max |a - b| / max(1, max |b|) */
-static float max_diff(const float *a, const float *b, int64_t n) {
-    float m = 0.0f, scale = 1.0f;
-    for (int64_t i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-        if (fabsf(b[i]) > scale) scale = fabsf(b[i]);
-    }
-    return m / scale;
 }
 
 /* Runs the batches and the alone evaluations on one engine; returns the largest relative difference seen (INFINITY
@@ -81,7 +67,7 @@ static float run_case(df_engine *eng, int *identical) {
             rc = df_session_eval(a[i], ids[i] + at, n, has ? la[i] : NULL, all, &err);
             if (rc || !has) continue;
             int64_t cnt = (int64_t)(all ? n : 1) * V;
-            float d = max_diff(lb[i], la[i], cnt);
+            float d = ef_rel_diff(lb[i], la[i], cnt);
             if (d > worst) worst = d;
             if (memcmp(lb[i], la[i], (size_t)cnt * sizeof(float))) *identical = 0;
         }
@@ -103,14 +89,9 @@ static float run_case(df_engine *eng, int *identical) {
 }
 
 static df_engine *open_engine(const char *dir, const char *isa) {
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.isa = isa;
-    o.n_threads = 2;
-    df_engine *eng = NULL;
     df_error err = {0};
-    if (df_engine_open(&eng, &o, &err)) printf("# %s (%s): %s\n", dir, isa ? isa : "best", err.msg);
+    df_engine *eng = ef_open(dir, isa, &err);
+    if (!eng) printf("# %s (%s): %s\n", dir, isa ? isa : "best", err.msg);
     return eng;
 }
 
@@ -178,9 +159,7 @@ static void check_reads(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
+    ef_opts(&o, dir, NULL);
     o.spine_stream = 1;
     o.cache_slots = 1;
     o.buffered_io = 1;
@@ -234,19 +213,10 @@ static void check_reads(const char *name) {
 }
 
 int main(void) {
-    DIR *d = opendir("tests/fixtures");
-    CHECK(d != NULL, "tests/fixtures is readable");
-    if (!d) TEST_EXIT();
-    char *names[32];
-    int nf = 0;
-    struct dirent *de;
-    while ((de = readdir(d)) && nf < 32) {
-        char cfg[512];
-        struct stat sb;
-        snprintf(cfg, sizeof cfg, "tests/fixtures/%s/config.json", de->d_name);
-        if (de->d_name[0] != '.' && !stat(cfg, &sb)) names[nf++] = xstrdup(de->d_name);
-    }
-    closedir(d);
+    char names[EF_MAX_FIXTURES][256];
+    int nf = ef_list_fixtures("tests/fixtures", "config.json", names);
+    CHECK(nf >= 0, "tests/fixtures is readable");
+    if (nf < 0) TEST_EXIT();
     CHECK(nf >= 7, "found %d fixtures", nf);
     for (int f = 0; f < nf; f++) {
         char dir[512];
@@ -260,13 +230,8 @@ int main(void) {
         df_engine_free(eng);
         static const char *const exact_isas[] = {"avx512", "avx2"};
         for (int k = 0; k < 2; k++) {
-            df_engine_opts o;
-            df_engine_opts_default(&o);
-            o.model_dir = dir;
-            o.isa = exact_isas[k];
-            o.n_threads = 2;
             df_error err = {0};
-            if (df_engine_open(&eng, &o, &err)) {
+            if (!(eng = ef_open(dir, exact_isas[k], &err))) {
                 printf("# %s: isa %s not available here\n", names[f], exact_isas[k]);
                 continue;
             }
@@ -280,7 +245,6 @@ int main(void) {
         CHECK(eng && diff <= BATCH_TOL, "%s, best kernels: batched logits within %g relative of alone (max %g%s)",
               names[f], BATCH_TOL, diff, identical ? ", identical" : "");
         df_engine_free(eng);
-        free(names[f]);
     }
     check_reads("kl-mxfp4");
     check_reads("k3-tiny");

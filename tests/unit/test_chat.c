@@ -59,6 +59,17 @@ static void golden(const tokenizer *t, chat_format fmt, const chat_message *m, i
         "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"
 #define K3MSG(role, text) "<|open|>", "message role=\"" role "\"", "<|sep|>", text, "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"
 
+/* test_k3_tools's assistant tool section: f's arguments one by one, g's unparsable ones as one json block. */
+#define K3_TWO_CALLS \
+    "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>", \
+    "<|open|>", "call tool=\"f\" index=\"1\"", "<|sep|>", \
+    "<|open|>", "argument key=\"b\" type=\"string\"", "<|sep|>", "x", "<|close|>", "argument", "<|sep|>", \
+    "<|open|>", "argument key=\"a\" type=\"array\"", "<|sep|>", "[1, 2]", "<|close|>", "argument", "<|sep|>", \
+    "<|close|>", "call", "<|sep|>", \
+    "<|open|>", "call tool=\"g\" index=\"2\"", "<|sep|>", \
+    "<|open|>", "json type=\"object\"", "<|sep|>", "not json", "<|close|>", "json", "<|sep|>", \
+    "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>"
+
 static void test_k3(const tokenizer *t) {
     chat_format fmt = 0;
     df_error err = {0};
@@ -135,14 +146,7 @@ static void test_k3_tools(const tokenizer *t) {
         "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
         K3MSG("user", "Hi"),
         "<|open|>", "message role=\"assistant\"", "<|sep|>", "<|open|>", "response", "<|sep|>",
-        "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
-        "<|open|>", "call tool=\"f\" index=\"1\"", "<|sep|>",
-        "<|open|>", "argument key=\"b\" type=\"string\"", "<|sep|>", "x", "<|close|>", "argument", "<|sep|>",
-        "<|open|>", "argument key=\"a\" type=\"array\"", "<|sep|>", "[1, 2]", "<|close|>", "argument", "<|sep|>",
-        "<|close|>", "call", "<|sep|>",
-        "<|open|>", "call tool=\"g\" index=\"2\"", "<|sep|>",
-        "<|open|>", "json type=\"object\"", "<|sep|>", "not json", "<|close|>", "json", "<|sep|>",
-        "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
+        K3_TWO_CALLS,
         K3MSG("tool\" tool=\"f\" index=\"1", "43"), K3MSG("tool\" tool=\"g\" index=\"2", "42"),
         "<|open|>", "message role=\"system\" type=\"tool-choice\"", "<|sep|>",
         "The system is invoked with `tool_choice=required`.\nYou MUST call tools in the next message.",
@@ -176,14 +180,7 @@ static void test_k3_tools(const tokenizer *t) {
     static const char *const owant[] = {
         K3MSG("user", "Hi"),
         "<|open|>", "message role=\"assistant\"", "<|sep|>", "<|open|>", "response", "<|sep|>",
-        "<|close|>", "response", "<|sep|>", "<|open|>", "tools", "<|sep|>",
-        "<|open|>", "call tool=\"f\" index=\"1\"", "<|sep|>",
-        "<|open|>", "argument key=\"b\" type=\"string\"", "<|sep|>", "x", "<|close|>", "argument", "<|sep|>",
-        "<|open|>", "argument key=\"a\" type=\"array\"", "<|sep|>", "[1, 2]", "<|close|>", "argument", "<|sep|>",
-        "<|close|>", "call", "<|sep|>",
-        "<|open|>", "call tool=\"g\" index=\"2\"", "<|sep|>",
-        "<|open|>", "json type=\"object\"", "<|sep|>", "not json", "<|close|>", "json", "<|sep|>",
-        "<|close|>", "call", "<|sep|>", "<|close|>", "tools", "<|sep|>", "<|close|>", "message", "<|sep|>", "<|end_of_msg|>",
+        K3_TWO_CALLS,
         K3MSG("tool\" tool=\"g\" index=\"1", "42"), NULL};
     golden(t, CHAT_K3, m, 3, &one, owant, "k3", "one result of two calls: named after its call, numbered 1");
 }

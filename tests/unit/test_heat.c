@@ -9,7 +9,8 @@
 #include <time.h>
 #include <unistd.h>
 
-#include "common/util.h"
+#include "engine_fixture.h"
+#include "st_fixture.h"
 #include "storage/heat.h"
 #include "test.h"
 
@@ -137,9 +138,7 @@ static void test_corrupt(void) {
 
 static float *run_engine(const char *dir, int heat_mode, int slots, df_stats *st, df_error *err) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
+    ef_opts(&o, dir, NULL);
     o.heat = heat_mode;
     o.cache_slots = slots;
     df_engine *eng = NULL;
@@ -163,11 +162,9 @@ static float *run_engine(const char *dir, int heat_mode, int slots, df_stats *st
 }
 
 static void test_engine(void) {
-    char dir[1200], cmd[2600], cwd[1024];
+    char dir[1200];
     snprintf(dir, sizeof dir, "%s/model", tmp);
-    snprintf(cmd, sizeof cmd, "mkdir -p '%s' && ln -sf '%s/models/default/config.json' "
-             "'%s/models/default/model.safetensors' '%s/'", dir, getcwd(cwd, sizeof cwd), cwd, dir);
-    if (system(cmd)) {
+    if (ef_link_model(dir, "models/default")) {
         CHECK(0, "could not make %s", dir);
         return;
     }
@@ -197,8 +194,6 @@ int main(void) {
     test_kill();
     test_corrupt();
     test_engine();
-    char cmd[256];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", tmp);
-    if (system(cmd)) printf("# could not remove %s\n", tmp);
+    fx_rmtree(tmp);
     TEST_EXIT();
 }

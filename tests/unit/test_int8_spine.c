@@ -9,9 +9,8 @@
 #include <string.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/prompt.h"
-#include "common/util.h"
+#include "engine_fixture.h"
+#include "st_fixture.h"
 #include "storage/int8_spine.h"
 #include "storage/store.h"
 
@@ -78,48 +77,20 @@ static void test_rule(void) {
 
 /* ---- end to end on fixtures ---- */
 
-static char *make_dir(const char *tmp, const char *fixture) {
-    char *dir = xmalloc(1200), src[1200];
-    snprintf(dir, 1200, "%s/%s", tmp, fixture);
-    snprintf(src, sizeof src, "mkdir -p '%s' && ln -sf '%s/tests/fixtures/%s/config.json' "
-             "'%s/tests/fixtures/%s/model.safetensors' '%s/'", dir, getcwd((char[1024]){0}, 1024), fixture,
-             getcwd((char[1024]){0}, 1024), fixture, dir);
-    if (system(src)) {
-        free(dir);
-        return NULL;
-    }
-    return dir;
-}
-
 /* Logits of the fixture's prompt (prefill as one batch, then each decode token); caller frees. */
 static float *run_logits(const char *dir, const char *fixture, int spine, int stream, int *rows, int *V,
                          df_error *err) {
     char path[1200];
-    snprintf(path, sizeof path, "tests/fixtures/%s/prompt.json", fixture);
+    snprintf(path, sizeof path, "tests/fixtures/%s", fixture);
     int32_t *pre = NULL, *dec = NULL;
     int np = 0, nd = 0;
-    if (prompt_read_file(path, &pre, &np, &dec, &nd, err)) return NULL;
+    if (ef_read_prompt(path, &pre, &np, &dec, &nd, err)) return NULL;
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
+    ef_opts(&o, dir, NULL);
     o.spine = spine;
     o.spine_stream = stream;
-    df_engine *e = NULL;
-    df_session *s = NULL;
-    float *out = NULL;
-    int rc = df_engine_open(&e, &o, err);
-    if (!rc) rc = df_session_init(&s, e, err);
-    if (!rc) {
-        *V = df_engine_info(e)->vocab_size;
-        *rows = np + nd;
-        out = xmalloc(sizeof(float) * (size_t)(np + nd) * *V);
-        rc = df_session_eval(s, pre, np, out, 1, err);
-        for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, out + (int64_t)(np + i) * *V, 1, err);
-        if (rc) free(out), out = NULL;
-    }
-    df_session_free(s);
-    df_engine_free(e);
+    float *out = ef_logits(&o, pre, np, 0, dec, nd, V, NULL, err);
+    *rows = np + nd;
     free(pre);
     free(dec);
     return out;
@@ -181,9 +152,12 @@ static void test_store_views(const char *dir, const char *fixture) {
 }
 
 static void test_fixture(const char *tmp, const char *fixture, double kl_bound) {
-    char *dir = make_dir(tmp, fixture);
-    CHECK(dir != NULL, "%s: temporary model folder", fixture);
-    if (!dir) return;
+    char dir[1024], src[1024];
+    snprintf(dir, sizeof dir, "%s/%s", tmp, fixture);
+    snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+    int made = !ef_link_model(dir, src);
+    CHECK(made, "%s: temporary model folder", fixture);
+    if (!made) return;
     df_error err = {0};
     int rows = 0, V = 0;
     float *bf = run_logits(dir, fixture, DF_SPINE_BF16, 0, &rows, &V, &err);
@@ -227,10 +201,7 @@ static void test_fixture(const char *tmp, const char *fixture, double kl_bound) 
     free(bf2);
     free(q);
     free(qs);
-    char cmd[1300];
-    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
-    if (system(cmd)) printf("# could not remove %s\n", dir);
-    free(dir);
+    fx_rmtree(dir);
 }
 
 int main(void) {

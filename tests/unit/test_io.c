@@ -9,8 +9,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "storage/cache.h"
 #include "storage/io.h"
 
@@ -128,9 +127,7 @@ static void test_hint(void) {
 
 static float *run_default(int lookahead, int slots, int n, int *V, df_stats *st, df_error *err) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = "models/default";
-    o.n_threads = 2;
+    ef_opts(&o, "models/default", NULL);
     o.lookahead = lookahead;
     o.cache_slots = slots;
     df_engine *eng = NULL;

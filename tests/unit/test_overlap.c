@@ -3,18 +3,14 @@
  * are still read); the model's logits through scrambled arrival, a 1-slot cache and every look-ahead mode are
  * bit-identical to the engine's default path on every fixture; the look-ahead cost model reads guesses only
  * when recall and spare disk time pay for them. */
-#include <dirent.h>
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/prompt.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "model/model.h"
 #include "storage/expert_index.h"
 #include "storage/readahead.h"
@@ -132,44 +128,14 @@ static float *model_logits(const char *dir, const store_opts *so, const int32_t 
     return out;
 }
 
-static float *engine_logits(const char *dir, const int32_t *pre, int np, const int32_t *dec, int nd, int *V,
-                            df_error *err) {
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
-    o.lookahead = DF_LOOKAHEAD_OFF;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
-    int rc = df_engine_open(&eng, &o, err);
-    if (!rc) rc = df_session_init(&s, eng, err);
-    float *got = NULL;
-    if (!rc) {
-        *V = df_engine_info(eng)->vocab_size;
-        got = xmalloc((size_t)(np + nd) * *V * sizeof(float));
-        rc = df_session_eval(s, pre, np, got, 1, err);
-        for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, got + (int64_t)(np + i) * *V, 1, err);
-    }
-    df_session_free(s);
-    df_engine_free(eng);
-    if (rc) {
-        free(got);
-        return NULL;
-    }
-    return got;
-}
-
-static void check_fixture(const char *dir, const char *name) {
-    char path[2048];
-    snprintf(path, sizeof path, "%s/prompt.json", dir);
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0, V = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd, V = 0;
     df_error err = {0};
-    if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: prompt: %s", name, err.msg);
-        return;
-    }
-    float *ref = engine_logits(dir, pre, np, dec, nd, &V, &err);
+    df_engine_opts o;
+    ef_opts(&o, dir, NULL);
+    o.lookahead = DF_LOOKAHEAD_OFF;
+    float *ref = ef_logits(&o, pre, np, 0, dec, nd, &V, NULL, &err);
     CHECK(ref != NULL, "%s: engine run (%s)", name, ref ? "ok" : err.msg);
     static const struct {
         const char *label;
@@ -194,8 +160,6 @@ static void check_fixture(const char *dir, const char *name) {
         free(got);
     }
     free(ref);
-    free(pre);
-    free(dec);
 }
 
 /* ---- the look-ahead cost model ------------------------------------------------------------------------ */
@@ -221,23 +185,6 @@ int main(void) {
     test_policy();
     test_arrival_order("tests/fixtures/k3-tiny");
     const char *root = "tests/fixtures";
-    DIR *d = opendir(root);
-    CHECK(d != NULL, "fixtures folder %s", root);
-    if (!d) TEST_EXIT();
-    struct dirent *de;
-    char names[64][256];
-    int n = 0;
-    while ((de = readdir(d)) && n < 64) {
-        char p[2048];
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s/prompt.json", root, de->d_name);
-        if (de->d_name[0] != '.' && stat(p, &sb) == 0) snprintf(names[n++], sizeof names[0], "%s", de->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++) {
-        char dir[2048];
-        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-        check_fixture(dir, names[i]);
-    }
+    CHECK(ef_each_fixture(root, "prompt.json", check_fixture) >= 0, "fixtures folder %s", root);
     TEST_EXIT();
 }

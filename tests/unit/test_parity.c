@@ -2,16 +2,12 @@
  * with independent references) reproduced by the engine on every kernel ISA this CPU runs: same argmax at
  * every row and max |Δlogit| <= 2e-4. Also checks that splitting the prefill into two batches gives the
  * same rows (state carried across multi-token batches). */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/stat.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/prompt.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "kernels/kernels.h"
 
 #define TOL 2e-4f
@@ -44,51 +40,25 @@ static void cmp_rows(const float *got, const float *want, int rows, int V, cmp_r
 static int run_fixture(const char *dir, const char *isa, int split, const float *want, size_t want_len,
                        const int32_t *pre, int np, const int32_t *dec, int nd, cmp_result *r, df_error *err) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.isa = isa;
-    o.n_threads = 2;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
-    int rc = df_engine_open(&eng, &o, err);
-    if (!rc) rc = df_session_init(&s, eng, err);
-    if (rc) {
-        df_engine_free(eng);
-        return rc;
-    }
-    int V = df_engine_info(eng)->vocab_size;
-    if (want_len != (size_t)(np + nd) * V * sizeof(float)) {
-        df_error_set(err, DF_EFORMAT, "%s/logits.f32 has %zu bytes, expected %d rows x %d logits x 4 = %zu", dir,
-                     want_len, np + nd, V, (size_t)(np + nd) * V * sizeof(float));
-        df_session_free(s);
-        df_engine_free(eng);
-        return DF_EFORMAT;
-    }
-    float *got = xmalloc((size_t)(np + nd) * V * sizeof(float));
-    if (split > 0 && split < np) {
-        rc = df_session_eval(s, pre, split, got, 1, err);
-        if (!rc) rc = df_session_eval(s, pre + split, np - split, got + (int64_t)split * V, 1, err);
-    } else {
-        rc = df_session_eval(s, pre, np, got, 1, err);
-    }
-    for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, got + (int64_t)(np + i) * V, 1, err);
-    if (!rc) cmp_rows(got, want, np + nd, V, r);
+    ef_opts(&o, dir, isa);
+    int V = 0;
+    float *got = ef_logits(&o, pre, np, split, dec, nd, &V, NULL, err);
+    if (!got) return err->code ? err->code : DF_EINVAL;   /* never a pass without logits */
+    int rc = want_len == (size_t)(np + nd) * V * sizeof(float) ? DF_OK : DF_EFORMAT;
+    if (rc)
+        df_error_set(err, rc, "%s/logits.f32 has %zu bytes, expected %d rows x %d logits x 4 = %zu", dir, want_len,
+                     np + nd, V, (size_t)(np + nd) * V * sizeof(float));
+    else
+        cmp_rows(got, want, np + nd, V, r);
     free(got);
-    df_session_free(s);
-    df_engine_free(eng);
     return rc;
 }
 
-static void check_fixture(const char *dir, const char *name) {
-    char path[1100];
-    snprintf(path, sizeof path, "%s/prompt.json", dir);
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    char path[2100];
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd;
     df_error err = {0};
-    if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: %s", name, err.msg);
-        return;
-    }
     snprintf(path, sizeof path, "%s/logits.f32", dir);
     size_t len = 0;
     float *want = (float *)df_read_file(path, &len, &err);
@@ -109,33 +79,11 @@ static void check_fixture(const char *dir, const char *name) {
               name, r.max_diff, rc ? ": " : "", rc ? err.msg : "");
     }
     free(want);
-    free(pre);
-    free(dec);
 }
 
 int main(int argc, char **argv) {
     const char *root = argc > 1 ? argv[1] : "tests/fixtures";
-    DIR *d = opendir(root);
-    int n = 0;
-    char **names = NULL;
-    struct dirent *de;
-    while (d && (de = readdir(d))) {
-        char p[1024];
-        struct stat sb;
-        snprintf(p, sizeof p, "%s/%s/logits.f32", root, de->d_name);
-        if (de->d_name[0] != '.' && !stat(p, &sb)) {
-            names = xrealloc(names, (n + 1) * sizeof(char *));
-            names[n++] = xstrdup(de->d_name);
-        }
-    }
-    if (d) closedir(d);
+    int n = ef_each_fixture(root, "logits.f32", check_fixture);
     CHECK(n > 0, "found %d fixtures in %s", n, root);
-    for (int i = 0; i < n; i++) {
-        char p[600];
-        snprintf(p, sizeof p, "%s/%.300s", root, names[i]);
-        check_fixture(p, names[i]);
-        free(names[i]);
-    }
-    free(names);
     TEST_EXIT();
 }

@@ -3,32 +3,17 @@
  * never saw the rejected tokens: with the scalar kernels the saved state files (history, KDA and conv
  * states, MLA caches) are byte-identical and continuations bit-identical; with this CPU's best kernels the
  * continuations agree within float rounding (the verify pass's products had more rows). On every fixture. */
-#include <dirent.h>
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 
 enum { PREFIX = 7, VERIFY = 5 };
 
 static void make_ids(int32_t *ids, int n, int V) {
     for (int i = 0; i < n; i++) ids[i] = (int32_t)(1 + ((i + 3) * 53) % (V - 1));
-}
-
-static uint8_t *slurp(const char *path, long *n) {
-    FILE *f = fopen(path, "rb");
-    if (!f) return NULL;
-    fseek(f, 0, SEEK_END);
-    *n = ftell(f);
-    fseek(f, 0, SEEK_SET);
-    uint8_t *b = xmalloc((size_t)*n + 1);
-    if (fread(b, 1, (size_t)*n, f) != (size_t)*n) *n = -1;
-    fclose(f);
-    return b;
 }
 
 /* The two sessions' saved states are byte-identical. */
@@ -37,25 +22,15 @@ static int same_state(const df_session *a, const df_session *b) {
     snprintf(pa, sizeof pa, "/tmp/df_rollback_a_%d", (int)getpid());
     snprintf(pb, sizeof pb, "/tmp/df_rollback_b_%d", (int)getpid());
     df_error err = {0};
-    long na = 0, nb = 0;
+    size_t na = 0, nb = 0;
     int ok = !df_session_save(a, pa, &err) && !df_session_save(b, pb, &err);
-    uint8_t *ba = ok ? slurp(pa, &na) : NULL, *bb = ok ? slurp(pb, &nb) : NULL;
-    ok = ba && bb && na == nb && na > 0 && !memcmp(ba, bb, (size_t)na);
+    char *ba = ok ? df_read_file(pa, &na, &err) : NULL, *bb = ok ? df_read_file(pb, &nb, &err) : NULL;
+    ok = ba && bb && na == nb && na > 0 && !memcmp(ba, bb, na);
     free(ba);
     free(bb);
     unlink(pa);
     unlink(pb);
     return ok;
-}
-
-static float rel_diff(const float *a, const float *b, int n) {
-    float m = 0.0f, scale = 1.0f;
-    for (int i = 0; i < n; i++) {
-        float d = fabsf(a[i] - b[i]);
-        if (!(d <= m)) m = isnan(d) ? INFINITY : d;
-        if (fabsf(b[i]) > scale) scale = fabsf(b[i]);
-    }
-    return m / scale;
 }
 
 /* Accepting `keep` of the VERIFY drafted tokens: the rolled-back session against one that evaluated the
@@ -88,7 +63,7 @@ static float check_accept(df_engine *eng, const int32_t *ids, int keep, int via_
     *state_same = !rc && same_state(s, r);
     if (!rc) rc = df_session_eval(s, ids + 30, 1, got, 0, &err);
     if (!rc) rc = df_session_eval(r, ids + 30, 1, want, 0, &err);
-    float d = rc ? INFINITY : rel_diff(got, want, V);
+    float d = rc ? INFINITY : ef_rel_diff(got, want, V);
     if (rc) printf("# error: %s\n", err.msg);
     df_session_free(s);
     df_session_free(r);
@@ -102,14 +77,9 @@ static float check_accept(df_engine *eng, const int32_t *ids, int keep, int via_
 static void run_fixture(const char *name, const char *isa) {
     char dir[512];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.isa = isa;
-    o.n_threads = 2;
-    df_engine *eng = NULL;
     df_error err = {0};
-    if (df_engine_open(&eng, &o, &err)) {
+    df_engine *eng = ef_open(dir, isa, &err);
+    if (!eng) {
         CHECK(0, "%s opens: %s", name, err.msg);
         return;
     }
@@ -143,14 +113,9 @@ static void run_fixture(const char *name, const char *isa) {
 
 /* Truncating twice within one record, past a record-less evaluation, and with the record switched off. */
 static void run_edges(void) {
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = "tests/fixtures/kl-fp32";
-    o.isa = "scalar";
-    o.n_threads = 2;
-    df_engine *eng = NULL;
     df_error err = {0};
-    if (df_engine_open(&eng, &o, &err)) {
+    df_engine *eng = ef_open("tests/fixtures/kl-fp32", "scalar", &err);
+    if (!eng) {
         CHECK(0, "kl-fp32 opens: %s", err.msg);
         return;
     }
@@ -195,19 +160,14 @@ static void run_edges(void) {
 }
 
 int main(void) {
-    DIR *d = opendir("tests/fixtures");
-    CHECK(d != NULL, "tests/fixtures is readable");
-    if (!d) TEST_EXIT();
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char cfg[512];
-        struct stat sb;
-        snprintf(cfg, sizeof cfg, "tests/fixtures/%s/config.json", de->d_name);
-        if (de->d_name[0] == '.' || stat(cfg, &sb)) continue;
-        run_fixture(de->d_name, "scalar");
-        run_fixture(de->d_name, NULL);
+    char names[EF_MAX_FIXTURES][256];
+    int n = ef_list_fixtures("tests/fixtures", "config.json", names);
+    CHECK(n >= 0, "tests/fixtures is readable");
+    if (n < 0) TEST_EXIT();
+    for (int i = 0; i < n; i++) {
+        run_fixture(names[i], "scalar");
+        run_fixture(names[i], NULL);
     }
-    closedir(d);
     run_edges();
     TEST_EXIT();
 }

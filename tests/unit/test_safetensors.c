@@ -89,64 +89,49 @@ static void test_malformed_files(void) {
     fx_write_file(dir, "short.safetensors", "\x10\0\0", 3);
     expect_file_fail("short.safetensors", NULL, "file shorter than 8 bytes");
 
-    const char *h = "{\"w.one\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
-    fx_write_raw(dir, "trunc.safetensors", strlen(h), h, data, 10);
-    expect_file_fail("trunc.safetensors", "w.one", "truncated data region");
-
-    fx_write_raw(dir, "hlen.safetensors", 100000, h, data, 16);
-    expect_file_fail("hlen.safetensors", NULL, "header length past EOF");
-    fx_write_raw(dir, "hlen2.safetensors", UINT64_MAX, h, data, 16);
-    expect_file_fail("hlen2.safetensors", NULL, "absurd header length");
-
-    h = "{\"w.out\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[60,68]}}";
-    fx_write_raw(dir, "outside.safetensors", strlen(h), h, data, 64);
-    expect_file_fail("outside.safetensors", "w.out", "offsets outside the data region");
-
-    h = "{\"w.a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-        "\"w.b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}";
-    fx_write_raw(dir, "overlap.safetensors", strlen(h), h, data, 12);
-    expect_file_fail("overlap.safetensors", "w.a", "overlapping tensors");
-    expect_file_fail("overlap.safetensors", "w.b", "overlap names the other tensor too");
-
-    h = "{\"w.q\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,2]}}";
-    fx_write_raw(dir, "dtype.safetensors", strlen(h), h, data, 2);
-    expect_file_fail("dtype.safetensors", "w.q", "unknown dtype");
-
-    h = "{\"w.m\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}";
-    fx_write_raw(dir, "mismatch.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("mismatch.safetensors", "w.m", "shape/bytes mismatch");
-
-    h = "{\"w.neg\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}";
-    fx_write_raw(dir, "neg.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("neg.safetensors", "w.neg", "negative shape");
-
-    h = "{\"w.rev\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,0]}}";
-    fx_write_raw(dir, "rev.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("rev.safetensors", "w.rev", "begin > end");
-
-    h = "{\"w.big\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,8]}}";
-    fx_write_raw(dir, "big.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("big.safetensors", "w.big", "overflowing shape");
-
-    h = "{\"w.flt\":{\"dtype\":\"F32\",\"shape\":[2.0],\"data_offsets\":[0,8]}}";
-    fx_write_raw(dir, "flt.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("flt.safetensors", "w.flt", "non-integer shape");
-
-    h = "{\"w.nooff\":{\"dtype\":\"F32\",\"shape\":[2]}}";
-    fx_write_raw(dir, "nooff.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("nooff.safetensors", "w.nooff", "missing data_offsets");
-
-    h = "{\"w.x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]";
-    fx_write_raw(dir, "badjson.safetensors", strlen(h), h, data, 8);
-    expect_file_fail("badjson.safetensors", NULL, "bad JSON header");
-
-    h = "{\"w.d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
-        "\"w.d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}";
-    fx_write_raw(dir, "dup.safetensors", strlen(h), h, data, 16);
-    expect_file_fail("dup.safetensors", "w.d", "duplicate tensor name");
-
-    fx_write_raw(dir, "array.safetensors", 2, "[]", data, 0);
-    expect_file_fail("array.safetensors", NULL, "header not an object");
+    /* hlen 0: the header's own length; header NULL: another check of the file before */
+    static const char one[] = "{\"w.one\":{\"dtype\":\"F32\",\"shape\":[4],\"data_offsets\":[0,16]}}";
+    static const struct {
+        const char *file, *header;
+        uint64_t hlen;
+        size_t dlen;
+        const char *tensor, *what;
+    } cases[] = {
+        {"trunc.safetensors", one, 0, 10, "w.one", "truncated data region"},
+        {"hlen.safetensors", one, 100000, 16, NULL, "header length past EOF"},
+        {"hlen2.safetensors", one, UINT64_MAX, 16, NULL, "absurd header length"},
+        {"outside.safetensors", "{\"w.out\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[60,68]}}", 0, 64,
+         "w.out", "offsets outside the data region"},
+        {"overlap.safetensors", "{\"w.a\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                                "\"w.b\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[4,12]}}", 0, 12,
+         "w.a", "overlapping tensors"},
+        {"overlap.safetensors", NULL, 0, 0, "w.b", "overlap names the other tensor too"},
+        {"dtype.safetensors", "{\"w.q\":{\"dtype\":\"Q7\",\"shape\":[2],\"data_offsets\":[0,2]}}", 0, 2, "w.q",
+         "unknown dtype"},
+        {"mismatch.safetensors", "{\"w.m\":{\"dtype\":\"F32\",\"shape\":[3],\"data_offsets\":[0,8]}}", 0, 8,
+         "w.m", "shape/bytes mismatch"},
+        {"neg.safetensors", "{\"w.neg\":{\"dtype\":\"F32\",\"shape\":[-2],\"data_offsets\":[0,8]}}", 0, 8,
+         "w.neg", "negative shape"},
+        {"rev.safetensors", "{\"w.rev\":{\"dtype\":\"U8\",\"shape\":[0],\"data_offsets\":[8,0]}}", 0, 8,
+         "w.rev", "begin > end"},
+        {"big.safetensors", "{\"w.big\":{\"dtype\":\"F32\",\"shape\":[4611686018427387904,8],\"data_offsets\":[0,8]}}",
+         0, 8, "w.big", "overflowing shape"},
+        {"flt.safetensors", "{\"w.flt\":{\"dtype\":\"F32\",\"shape\":[2.0],\"data_offsets\":[0,8]}}", 0, 8,
+         "w.flt", "non-integer shape"},
+        {"nooff.safetensors", "{\"w.nooff\":{\"dtype\":\"F32\",\"shape\":[2]}}", 0, 8, "w.nooff",
+         "missing data_offsets"},
+        {"badjson.safetensors", "{\"w.x\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]", 0, 8, NULL,
+         "bad JSON header"},
+        {"dup.safetensors", "{\"w.d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[0,8]},"
+                            "\"w.d\":{\"dtype\":\"F32\",\"shape\":[2],\"data_offsets\":[8,16]}}", 0, 16,
+         "w.d", "duplicate tensor name"},
+        {"array.safetensors", "[]", 0, 0, NULL, "header not an object"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        const char *h = cases[i].header;
+        if (h) fx_write_raw(dir, cases[i].file, cases[i].hlen ? cases[i].hlen : strlen(h), h, data, cases[i].dlen);
+        expect_file_fail(cases[i].file, cases[i].tensor, cases[i].what);
+    }
 }
 
 /* A minimal Kimi-Linear folder with one MoE layer of two MXFP4 experts; `broken` selects one defect. */

@@ -3,6 +3,7 @@
 #include <math.h>
 #include <string.h>
 #include "test.h"
+#include "engine_fixture.h"
 #include "sample/generate.h"
 #include "sample/sample.h"
 #include "sample/stop.h"
@@ -236,8 +237,7 @@ static int on_event(void *ctx, const gen_event *ev) {
 
 static void test_generate(void) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = "tests/fixtures/kl-fp32";
+    ef_opts(&o, "tests/fixtures/kl-fp32", NULL);
     o.n_threads = 1;
     df_engine *e = NULL;
     df_session *s = NULL;

@@ -8,8 +8,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "engine/engine_internal.h"
 #include "st_fixture.h"
 
@@ -48,9 +47,7 @@ static int argmax(const float *v, int n) {
 
 static df_engine *open_default(int stream, df_error *err) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = MODEL;
-    o.n_threads = 2;
+    ef_opts(&o, MODEL, NULL);
     o.mem_budget = 128ull << 20;       /* pass rows = budget / 16 / (64 floats x hidden 256) = 128 */
     o.spine_stream = stream;
     o.lookahead = DF_LOOKAHEAD_ON;      /* the look-ahead's routing takes scratch too */
@@ -170,8 +167,7 @@ static void test_bind_errors(const char *dir) {
         }
         for (int stream = 0; stream < 2; stream++) {
             df_engine_opts o;
-            df_engine_opts_default(&o);
-            o.model_dir = dir;
+            ef_opts(&o, dir, NULL);
             o.n_threads = 1;
             o.spine_stream = stream;
             df_engine *e = NULL;

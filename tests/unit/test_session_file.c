@@ -2,25 +2,19 @@
  * bit-identical logits (every fixture: KDA, MLA, K3 block residuals) and holds the same tokens; damaged,
  * truncated, foreign and other-model files are refused with a clear message and leave the session as it
  * was; the write is atomic (no temporary file left, an existing file replaced whole). */
-#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 
 static df_engine *open_fixture(const char *name) {
     char dir[512];
     snprintf(dir, sizeof dir, "tests/fixtures/%s", name);
-    df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
-    df_engine *eng = NULL;
     df_error err = {0};
-    if (df_engine_open(&eng, &o, &err)) printf("# %s: %s\n", name, err.msg);
+    df_engine *eng = ef_open(dir, NULL, &err);
+    if (!eng) printf("# %s: %s\n", name, err.msg);
     return eng;
 }
 
@@ -166,17 +160,11 @@ static void refusals(const char *path, const char *other_model) {
 int main(void) {
     char path[512];
     snprintf(path, sizeof path, "/tmp/df_session_file_%d.state", (int)getpid());
-    DIR *d = opendir("tests/fixtures");
-    CHECK(d != NULL, "tests/fixtures is readable");
-    if (!d) TEST_EXIT();
-    struct dirent *de;
-    while ((de = readdir(d))) {
-        char cfg[512];
-        struct stat sb;
-        snprintf(cfg, sizeof cfg, "tests/fixtures/%s/config.json", de->d_name);
-        if (de->d_name[0] != '.' && !stat(cfg, &sb)) round_trip(de->d_name, path);
-    }
-    closedir(d);
+    char names[EF_MAX_FIXTURES][256];
+    int n = ef_list_fixtures("tests/fixtures", "config.json", names);
+    CHECK(n >= 0, "tests/fixtures is readable");
+    if (n < 0) TEST_EXIT();
+    for (int i = 0; i < n; i++) round_trip(names[i], path);
     unlink(path);
     refusals(path, "kl-qlora-fp32");
     TEST_EXIT();

@@ -13,9 +13,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/prompt.h"
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "sample/generate.h"
 #include "sample/spec.h"
 #include "tokenizer/tokenizer.h"
@@ -275,14 +273,13 @@ static const char *const fixtures[] = {"kl-fp32", "kl-bf16", "kl-qlora-fp32", "k
 
 static void test_fixtures(void) {
     for (int f = 0; f < N_FIXTURES; f++) {
-        char dir[256], path[300], other[256];
+        char dir[256], other[256];
         snprintf(dir, sizeof dir, "tests/fixtures/%s", fixtures[f]);
         snprintf(other, sizeof other, "tests/fixtures/%s", fixtures[(f + 1) % N_FIXTURES]);
-        snprintf(path, sizeof path, "%s/prompt.json", dir);
         int32_t *pre = NULL, *dec = NULL;
         int np = 0, nd = 0;
         df_error err = {0};
-        if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
+        if (ef_read_prompt(dir, &pre, &np, &dec, &nd, &err)) {
             CHECK(0, "%s: %s", fixtures[f], err.msg);
             continue;
         }
@@ -297,9 +294,7 @@ static void test_fixtures(void) {
                                    {"ngram", SPEC_NGRAM, NULL, 4, EXPECT_ANY},
                                    {"auto", SPEC_AUTO, other, 0, EXPECT_ANY}};
         df_engine_opts eo;
-        df_engine_opts_default(&eo);
-        eo.model_dir = dir;
-        eo.n_threads = 2;
+        ef_opts(&eo, dir, NULL);
         check_same(fixtures[f], &eo, modes, 4, prompts, lens, 2, 20);
         free(twice);
         free(pre);
@@ -340,9 +335,7 @@ static void test_bundled(void) {
         np[i] = (int)enc[i].n;
     }
     df_engine_opts eo;
-    df_engine_opts_default(&eo);
-    eo.model_dir = "models/default";
-    eo.n_threads = 2;
+    ef_opts(&eo, "models/default", NULL);
     const mode_case modes[] = {{"ngram", SPEC_NGRAM, NULL, 6, EXPECT_BOTH},
                                {"draft model", SPEC_DRAFT, "models/draft", 3, EXPECT_BOTH},
                                {"auto with the draft model", SPEC_AUTO, "models/draft", 0, EXPECT_ANY}};
@@ -360,8 +353,7 @@ static void test_bundled(void) {
  * row, a rollback rb; drafts all accepted or all rejected. Plain decoding makes 1 token per unit of time. */
 static void test_cost_model(void) {
     df_engine_opts eo;
-    df_engine_opts_default(&eo);
-    eo.model_dir = "tests/fixtures/kl-fp32";
+    ef_opts(&eo, "tests/fixtures/kl-fp32", NULL);
     eo.n_threads = 1;
     df_engine *eng = NULL;
     df_session *s = NULL;

@@ -3,8 +3,6 @@
  * path on every fixture; a prefill batch reads each expert it needs once per layer; concurrent requests for
  * one expert share one read; a corrupt or truncated shard fails naming the expert; a budget too small for
  * the model is refused clearly. */
-#include <dirent.h>
-#include <ftw.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -12,9 +10,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
-#include "deltafin.h"
-#include "common/prompt.h"
-#include "common/util.h"
+#include "engine_fixture.h"
+#include "st_fixture.h"
 #include "storage/expert_index.h"
 #include "storage/store.h"
 
@@ -25,51 +22,26 @@ typedef struct run_cfg {
     const char *no_direct;   /* DELTAFIN_TEST_NO_DIRECT while the engine opens (io.h) */
 } run_cfg;
 
-/* Evaluates prefill as one batch then each decode token; returns all rows of logits (caller frees). */
+/* All rows of logits of the prompt with c's options (caller frees). */
 static float *run_logits(const char *dir, const run_cfg *c, const int32_t *pre, int np, const int32_t *dec, int nd,
                          int *V, df_stats *stats, df_error *err) {
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
+    ef_opts(&o, dir, NULL);
     o.cache_slots = c->slots;
     o.spine_stream = c->stream;
     o.buffered_io = c->buffered;
     o.io_kind = c->io_kind;
     o.lookahead = c->lookahead;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
     if (c->no_direct) setenv("DELTAFIN_TEST_NO_DIRECT", c->no_direct, 1);
-    int rc = df_engine_open(&eng, &o, err);
+    float *got = ef_logits(&o, pre, np, 0, dec, nd, V, stats, err);
     unsetenv("DELTAFIN_TEST_NO_DIRECT");
-    if (!rc) rc = df_session_init(&s, eng, err);
-    float *got = NULL;
-    if (!rc) {
-        *V = df_engine_info(eng)->vocab_size;
-        got = xmalloc((size_t)(np + nd) * *V * sizeof(float));
-        rc = df_session_eval(s, pre, np, got, 1, err);
-        for (int i = 0; !rc && i < nd; i++) rc = df_session_eval(s, dec + i, 1, got + (int64_t)(np + i) * *V, 1, err);
-        df_engine_stats(eng, stats);
-    }
-    df_session_free(s);
-    df_engine_free(eng);
-    if (rc) {
-        free(got);
-        return NULL;
-    }
     return got;
 }
 
-static void check_fixture(const char *dir, const char *name) {
-    char path[2048];
-    if (snprintf(path, sizeof path, "%s/prompt.json", dir) >= (int)sizeof path) return;
-    int32_t *pre = NULL, *dec = NULL;
-    int np = 0, nd = 0, V = 0;
+static void check_fixture(const char *dir, const char *name, const ef_prompt *p) {
+    const int32_t *pre = p->pre, *dec = p->dec;
+    int np = p->np, nd = p->nd, V = 0;
     df_error err = {0};
-    if (prompt_read_file(path, &pre, &np, &dec, &nd, &err)) {
-        CHECK(0, "%s: prompt: %s", name, err.msg);
-        return;
-    }
     enum { AUTO = DF_LOOKAHEAD_AUTO, ON = DF_LOOKAHEAD_ON, OFF = DF_LOOKAHEAD_OFF };
     static const run_cfg cfgs[] = {
         {"default (look-ahead auto)", 0, 0, 0, 0, AUTO, NULL},
@@ -112,8 +84,6 @@ static void check_fixture(const char *dir, const char *name) {
               (unsigned long long)st[1].expert_requests, (unsigned long long)st[0].expert_loads,
               (unsigned long long)st[0].expert_requests);
     free(ref);
-    free(pre);
-    free(dec);
 }
 
 /* ---- coalescing ------------------------------------------------------------------------------------ */
@@ -175,30 +145,19 @@ static void test_coalesce(const char *dir) {
 
 /* ---- damaged shards --------------------------------------------------------------------------------- */
 
-static int rm_one(const char *p, const struct stat *sb, int flag, struct FTW *ftw) {
-    (void)sb, (void)flag, (void)ftw;
-    return remove(p);
-}
-
-static void copy_file(const char *from, const char *to) {
-    size_t n;
-    df_error err = {0};
-    char *data = df_read_file(from, &n, &err);
-    FILE *f = fopen(to, "wb");
-    if (!data || !f || fwrite(data, 1, n, f) != n) exit(2);
-    fclose(f);
-    free(data);
-}
-
+/* A writable copy of the fixture's files in a new temp folder. */
 static void copy_fixture(const char *src, char *dir, size_t cap) {
-    snprintf(dir, cap, "/tmp/df_stream_XXXXXX");
-    if (!mkdtemp(dir)) exit(2);
+    fx_mkdir("stream", dir, cap);
     const char *files[] = {"config.json", "model.safetensors"};
     for (int i = 0; i < 2; i++) {
-        char a[2048], b[2048];
-        snprintf(a, sizeof a, "%s/%s", src, files[i]);
-        snprintf(b, sizeof b, "%s/%s", dir, files[i]);
-        copy_file(a, b);
+        char path[2048];
+        size_t n;
+        df_error err = {0};
+        snprintf(path, sizeof path, "%s/%s", src, files[i]);
+        char *data = df_read_file(path, &n, &err);
+        if (!data) exit(2);
+        fx_write_file(dir, files[i], data, n);
+        free(data);
     }
 }
 
@@ -224,7 +183,7 @@ static void test_damage(const char *fixture, int buffered) {
     CHECK(sc != NULL, "damage: open copy and locate expert 5 of layer 2 (%s)", rc ? err.msg : "ok");
     if (!sc) {
         store_free(st);
-        nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+        fx_rmtree(dir);
         return;
     }
     FILE *f = fopen(shard, "r+b");
@@ -260,7 +219,7 @@ static void test_damage(const char *fixture, int buffered) {
     CHECK(rc == DF_EFORMAT && strstr(err.msg, "truncated") && strstr(err.msg, "experts."),
           "damage: truncated shard refused at open naming the expert tensor: %s", err.msg);
     store_free(st);
-    nftw(dir, rm_one, 16, FTW_DEPTH | FTW_PHYS);
+    fx_rmtree(dir);
 }
 
 static void test_budget(const char *fixture) {
@@ -284,25 +243,7 @@ static void test_budget(const char *fixture) {
 
 int main(void) {
     const char *root = "tests/fixtures";
-    DIR *d = opendir(root);
-    CHECK(d != NULL, "fixtures folder %s", root);
-    if (!d) TEST_EXIT();
-    struct dirent *de;
-    char names[64][256];
-    int n = 0;
-    while ((de = readdir(d)) && n < 64) {
-        if (de->d_name[0] == '.') continue;
-        char cfg[2048];
-        struct stat sb;
-        snprintf(cfg, sizeof cfg, "%s/%s/prompt.json", root, de->d_name);
-        if (stat(cfg, &sb) == 0) snprintf(names[n++], sizeof names[0], "%s", de->d_name);
-    }
-    closedir(d);
-    for (int i = 0; i < n; i++) {
-        char dir[2048];
-        snprintf(dir, sizeof dir, "%s/%s", root, names[i]);
-        check_fixture(dir, names[i]);
-    }
+    CHECK(ef_each_fixture(root, "prompt.json", check_fixture) >= 0, "fixtures folder %s", root);
     test_coalesce("tests/fixtures/k3-tiny");
     test_damage("tests/fixtures/k3-tiny", 0);
     test_damage("tests/fixtures/k3-tiny", 1);

@@ -3,36 +3,19 @@
  * sizes that do and do not divide the vocabulary. */
 #include <string.h>
 
-#include "common/util.h"
+#include "engine_fixture.h"
 #include "test.h"
 
 enum { N = 10 };
 
 /* Logits of a prefill of 4 tokens (every row) then 6 decode tokens; caller frees. */
 static float *logits(const char *dir, int64_t tile_rows, int stream, int *V, df_stats *st, df_error *err) {
+    static const int32_t toks[N] = {1, 12, 40, 77, 15, 9, 30, 45, 61, 2};
     df_engine_opts o;
-    df_engine_opts_default(&o);
-    o.model_dir = dir;
-    o.n_threads = 2;
+    ef_opts(&o, dir, NULL);
     o.head_tile_rows = tile_rows;
     o.spine_stream = stream;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
-    int rc = df_engine_open(&eng, &o, err);
-    if (!rc) rc = df_session_init(&s, eng, err);
-    float *out = NULL;
-    if (!rc) {
-        *V = df_engine_info(eng)->vocab_size;
-        int32_t toks[N] = {1, 12, 40, 77, 15, 9, 30, 45, 61, 2};
-        out = xmalloc((size_t)N * (size_t)*V * sizeof(float));
-        rc = df_session_eval(s, toks, 4, out, 1, err);
-        for (int i = 4; !rc && i < N; i++) rc = df_session_eval(s, &toks[i], 1, out + (size_t)i * *V, 0, err);
-        df_engine_stats(eng, st);
-    }
-    df_session_free(s);
-    df_engine_free(eng);
-    if (rc) free(out), out = NULL;
-    return out;
+    return ef_logits(&o, toks, 4, 0, toks + 4, N - 4, V, st, err);
 }
 
 static void compare(const char *dir, int64_t tile_rows, int stream, int want_tiles) {
