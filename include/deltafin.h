@@ -137,6 +137,12 @@ DF_API const int32_t *df_session_tokens(const df_session *s, int64_t *n);
  * (in chunks that fit the memory budget) and writes the logits after ids[n-1] into logits [vocab] (NULL
  * skips). *reused (may be NULL) gets how many leading tokens were not evaluated again. */
 DF_API int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits, int64_t *reused, df_error *err);
+/* Arms a snapshot: the next evaluation whose rows reach position pos (> the session's position) leaves in
+ * into (another session of the same engine) this session as it was at pos (its first pos tokens), taken in
+ * that same pass, so a prompt and a prefix of it worth keeping (a prompt cache's) cost one pass, not two.
+ * Used up by that evaluation (a failed one resets into); pos 0 or df_session_reset disarms it; into must
+ * outlive it. */
+DF_API int df_session_snapshot_at(df_session *s, int64_t pos, df_session *into, df_error *err);
 /* Returns the session to position pos, which lies between the start of its last evaluation and now, as if
  * the tokens after pos had never been evaluated (speculation rollback). Without weight reads when the last
  * evaluation had at most the session's rollback rows (see below): the KDA state is rebuilt from what that
@@ -148,8 +154,8 @@ DF_API int df_session_truncate(df_session *s, int64_t pos, df_error *err);
  * that sessions count in the memory budget. */
 DF_API uint64_t df_session_state_bytes(const df_engine *eng, int64_t n_tokens, int rollback_rows);
 /* Rows one forward pass should take at most (prompt slices and decode rows together, and the chunks
- * df_session_sync evaluates a long prompt in): 1/16 of the memory budget over 64 floats per hidden unit per
- * row, within 16..4096. */
+ * df_session_sync evaluates a long prompt in): the most whose working memory (activations, attention
+ * scores, expert outputs) fits the memory budget's working reserve, within 16..4096 and at most a context. */
 DF_API int df_engine_pass_rows(const df_engine *eng);
 #define DF_ROLLBACK_ROWS_DEFAULT 32
 /* Evaluations of 2 to rows tokens keep what a weight-free truncate needs (default 32; 0 = never, and the

@@ -13,6 +13,20 @@ void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
 }
 
+/* The largest row count in 16..4096, and no more than a context, whose scratch fits the working reserve
+ * (scratch grows with rows). */
+static int engine_fit_pass_rows(const df_engine *e) {
+    store_stats ss;
+    store_get_stats(e->store, &ss);
+    int lo = 16, hi = (int)DF_MAX(16, DF_MIN(4096, e->model.cfg.max_ctx));
+    while (lo < hi) {
+        int mid = (lo + hi + 1) / 2;
+        if (model_scratch_bytes(&e->model, mid) <= ss.reserve_bytes) lo = mid;
+        else hi = mid - 1;
+    }
+    return lo;
+}
+
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     *out = NULL;
     if (!opts || !opts->model_dir) {
@@ -56,7 +70,8 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
     /* the scratch arena holds a pass of the server's slots or of a prompt's chunk without growing */
-    rc = model_init(&e->model, df_engine_pass_rows(e), err);
+    e->pass_rows = engine_fit_pass_rows(e);
+    rc = model_init(&e->model, e->pass_rows, err);
     if (rc) {
         kern_free(&e->kern);
         config_free(&e->model.cfg);
@@ -171,6 +186,29 @@ static void session_record(df_session *s, int64_t pos0, const int32_t *tokens, i
     }
 }
 
+/* After the pass that took s's snapshot: the snapshot session gets its history (or is reset if the pass
+ * failed) and the snapshot is used up. */
+static void session_snapshot_done(df_session *s, int rc) {
+    df_session *into = s->snap_into;
+    s->snap_into = NULL;
+    if (rc) {
+        session_forget(into);
+        return;
+    }
+    session_record(into, 0, s->hist, (int)s->snap_pos, NULL, 0);
+}
+
+int df_session_snapshot_at(df_session *s, int64_t pos, df_session *into, df_error *err) {
+    if (pos && (!into || into == s || into->eng != s->eng || pos <= s->state->pos)) {
+        df_error_set(err, DF_EINVAL, "a snapshot needs another session of the same engine and a position after %lld",
+                     (long long)s->state->pos);
+        return DF_EINVAL;
+    }
+    s->snap_into = pos ? into : NULL;
+    s->snap_pos = pos;
+    return DF_OK;
+}
+
 typedef struct {
     df_session *s;
     const int32_t *tokens;
@@ -200,11 +238,19 @@ static int batch_run(df_engine *eng, const batch_entry *e, int n, df_error *err)
             memcpy(eng->pass_tokens + at, e[i].tokens, (size_t)e[i].n * sizeof(int32_t));
         tokens = eng->pass_tokens;
     }
-    for (int i = 0; i < n; i++) seg[i] = (model_seg){e[i].s->state, e[i].n, e[i].logits, e[i].all_rows, 0};
+    for (int i = 0; i < n; i++) {
+        df_session *s = e[i].s;
+        int64_t pos = s->state->pos;
+        int snap = s->snap_into && s->snap_pos > pos && s->snap_pos <= pos + e[i].n;
+        seg[i] = (model_seg){s->state, e[i].n, e[i].logits, e[i].all_rows, 0, snap ? s->snap_into->state : NULL,
+                             s->snap_pos};
+    }
     int rc = model_forward_batch(&eng->model, seg, n, tokens, err);
     for (int i = 0; i < n; i++) {
-        if (!rc) session_record(e[i].s, e[i].s->state->pos - e[i].n, e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
-        else if (rc != DF_EINVAL && !seg[i].restored) session_forget(e[i].s);
+        df_session *s = e[i].s;
+        if (!rc) session_record(s, s->state->pos - e[i].n, e[i].tokens, e[i].n, e[i].logits, e[i].all_rows);
+        else if (rc != DF_EINVAL && !seg[i].restored) session_forget(s);
+        if (seg[i].snap) session_snapshot_done(s, rc);
     }
     if (!rc) eng->tokens_evaluated += (uint64_t)T;
     return rc;
@@ -290,12 +336,7 @@ int df_session_sync(df_session *s, const int32_t *ids, int64_t n, float *logits,
 
 int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 
-int df_engine_pass_rows(const df_engine *e) {
-    store_stats ss;
-    store_get_stats(e->store, &ss);
-    uint64_t rows = ss.mem_budget / 16 / ((uint64_t)64 * e->info.hidden_size * sizeof(float));
-    return (int)DF_MIN(DF_MAX(rows, 16), 4096);
-}
+int df_engine_pass_rows(const df_engine *e) { return e->pass_rows; }
 
 /* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
 uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens, int rollback_rows) {
@@ -334,7 +375,10 @@ int df_session_copy(df_session *dst, const df_session *src, df_error *err) {
     return DF_OK;
 }
 
-void df_session_reset(df_session *s) { session_forget(s); }
+void df_session_reset(df_session *s) {
+    session_forget(s);
+    s->snap_into = NULL;
+}
 
 /* ---- batches: one forward pass over every entry ---------------------------------------------------- */
 

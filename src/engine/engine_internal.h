@@ -13,6 +13,7 @@ struct df_engine {
     df_kern kern;
     df_model model;
     df_model_info info;
+    int pass_rows;             /* the most rows whose working memory fits the budget's working reserve */
     /* A pass over several sessions: their tokens concatenated and their segments, grown to the largest batch */
     int32_t *pass_tokens;
     model_seg *pass_seg;
@@ -27,6 +28,8 @@ struct df_session {
     int64_t last_start;        /* position where the last evaluation began */
     float *last_logits;        /* [vocab]: logits after the last token, when last_valid */
     int last_valid;
+    df_session *snap_into;     /* df_session_snapshot_at: gets this session at snap_pos in the pass that reaches it */
+    int64_t snap_pos;
 };
 
 /* Makes room for n tokens of history. */

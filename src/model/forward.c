@@ -104,6 +104,29 @@ int state_rewind(df_model *m, df_state *s, int64_t pos) {
     return 0;
 }
 
+/* Completes a snapshot of s at pos taken during the pass that just ended: a recording pass rebuilds the KDA
+ * layers from its record (on a copy); otherwise mixer_forward copied them at pos, and the MLA layers' caches
+ * up to pos are a prefix of s's. */
+void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64_t pos) {
+    const df_config *c = &m->cfg;
+    if (s->rec_valid) {
+        state_copy(m, snap, s);
+        state_rewind(m, snap, pos);
+        snap->rec_valid = 0;
+        return;
+    }
+    for (int i = 0; i < c->n_layers; i++) {
+        const df_layer_state *l = &s->layers[i];
+        df_layer_state *d = &snap->layers[i];
+        if (l->S || !pos) continue;
+        mla_reserve(c, d, pos);
+        memcpy(d->c, l->c, (size_t)pos * c->kv_lora * sizeof(float));
+        memcpy(d->r, l->r, (size_t)pos * c->rope * sizeof(float));
+    }
+    snap->pos = pos;
+    snap->rec_valid = 0;
+}
+
 void state_set_record_rows(df_state *s, int rows) {
     s->rec_max = rows > 0 ? rows : 0;
     if (rows > 0) return;
@@ -203,15 +226,54 @@ typedef struct {
     int mixed;      /* layers whose mixer has changed the states (a failed mixer changes nothing) */
 } pass_segs;
 
+/* Rows a mixer takes at once. KDA and MLA run each session's rows in order, carrying their state from row to
+ * row, so a pass cut into blocks computes what it computes whole; blocks bound the mixers' per-row
+ * projections (6 x 12,288 floats a row for K3's KDA), which would otherwise set how long a prompt one pass
+ * (one read of each expert) can take. */
+#define MIXER_BLOCK_ROWS 256
+
+static int mixer_run(df_fwd *f, const fwd_seg *seg, int n, const float *xn, int T, float *out) {
+    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) return kda_forward(f, seg, n, xn, T, out);
+    return mla_forward(f, seg, n, xn, T, out);
+}
+
+/* Copies a KDA layer's state (recurrent and convolution) into a snapshot's. */
+static void kda_snapshot(const df_config *c, df_layer_state *dst, const df_layer_state *src) {
+    memcpy(dst->S, src->S, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
+    memcpy(dst->conv, src->conv, (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float));
+}
+
+/* The pass's rows in blocks of about MIXER_BLOCK_ROWS: a segment longer than a block's room is split at
+ * its position, except one that records for rollback, which a block takes whole (it is short); a block also
+ * ends where a segment's snapshot is taken, so the KDA state there can be copied. */
 static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float *out) {
-    int rc;
-    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) {
-        rc = kda_forward(f, ps->seg, ps->n, xn, T, out);
-    } else {
-        for (int j = 0; j < ps->n; j++)
-            mla_reserve(&f->m->cfg, &ps->seg[j].s->layers[f->layer], ps->seg[j].s->pos + ps->seg[j].T);
-        rc = mla_forward(f, ps->seg, ps->n, xn, T, out);
+    const df_config *c = &f->m->cfg;
+    int d = c->d, rc = DF_OK, j = 0, in_j = 0, kda = c->mixer[f->layer] == MIXER_KDA;
+    if (!kda)
+        for (int i = 0; i < ps->n; i++)
+            mla_reserve(c, &ps->seg[i].s->layers[f->layer], ps->seg[i].pos + ps->seg[i].T);
+    size_t mark = scratch_mark(f->sc);
+    fwd_seg *sub = SCRATCH_NEW(f->sc, fwd_seg, ps->n);
+    for (int r0 = 0; !rc && r0 < T;) {
+        int n = 0, rows = 0;
+        while (j < ps->n && rows < MIXER_BLOCK_ROWS) {
+            const fwd_seg *s = &ps->seg[j];
+            int take = s->record ? s->T : DF_MIN(s->T - in_j, MIXER_BLOCK_ROWS - rows);
+            int64_t at = s->pos + in_j;
+            if (s->snap && at < s->snap_at && at + take > s->snap_at) take = (int)(s->snap_at - at);
+            sub[n++] = (fwd_seg){s->s, rows, take, at, s->record, s->snap, s->snap_at};
+            rows += take;
+            in_j += take;
+            if (in_j == s->T) j++, in_j = 0;
+            if (s->snap && at + take == s->snap_at) break;   /* the block ends at the snapshot */
+        }
+        rc = mixer_run(f, sub, n, xn + (int64_t)r0 * d, rows, out + (int64_t)r0 * d);
+        for (int i = 0; !rc && kda && i < n; i++)
+            if (sub[i].snap && sub[i].pos + sub[i].T == sub[i].snap_at)
+                kda_snapshot(c, &sub[i].snap->layers[f->layer], &sub[i].s->layers[f->layer]);
+        r0 += rows;
     }
+    scratch_release(f->sc, mark);
     if (!rc) ps->mixed = f->layer + 1;
     return rc;
 }
@@ -371,7 +433,8 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
     pass_segs ps = {SCRATCH_NEW(sa, fwd_seg, n_seg), n_seg, 0};
     int T = 0;
     for (int j = 0; j < n_seg; j++) {
-        ps.seg[j] = (fwd_seg){seg[j].s, T, seg[j].T};
+        int record = state_records(seg[j].s, seg[j].T);
+        ps.seg[j] = (fwd_seg){seg[j].s, T, seg[j].T, seg[j].s->pos, record, record ? NULL : seg[j].snap, seg[j].snap_at};
         seg[j].restored = 0;
         seg[j].s->rec_valid = 0;
         T += seg[j].T;
@@ -416,6 +479,8 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
             seg[j].restored = 1;
         }
     }
+    for (int j = 0; !rc && j < n_seg; j++)
+        if (seg[j].snap) state_snapshot_finish(m, seg[j].snap, seg[j].s, seg[j].snap_at);
     model_clock(&m->prof.total, t_start);
     scratch_end_pass(sa);
     return rc;
@@ -447,8 +512,10 @@ size_t model_scratch_bytes(const df_model *m, int T) {
     size_t layer = scratch_size((size_t)rows * c->vocab, sizeof(float)) + td +
                    (tiles > 1 ? scratch_size((size_t)rows * per, sizeof(float)) : 0);
     int64_t S = DF_MIN(c->max_ctx, (int64_t)T + MODEL_SCORE_POSITIONS);
-    if (kda) layer = DF_MAX(layer, kda_scratch_bytes(c, T, nt));
-    if (mla) layer = DF_MAX(layer, mla_scratch_bytes(c, T, nt, S));
+    int B = DF_MIN(T, MIXER_BLOCK_ROWS);
+    size_t blocks = scratch_size(T, sizeof(fwd_seg));
+    if (kda) layer = DF_MAX(layer, blocks + kda_scratch_bytes(c, B, nt));
+    if (mla) layer = DF_MAX(layer, blocks + mla_scratch_bytes(c, B, nt, S));
     if (moe) layer = DF_MAX(layer, moe_scratch_bytes(c, T));
     if (dense) layer = DF_MAX(layer, glu_scratch_bytes(c->dense_inter, T));
     return pass + layer;

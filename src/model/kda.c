@@ -195,7 +195,7 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
         df_layer_state *st = &seg[j].s->layers[f->layer];
         int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P;
         const float *xs[3] = {pre[0] + o0, pre[1] + o0, pre[2] + o0};
-        if (state_records(seg[j].s, seg[j].T)) {
+        if (seg[j].record) {
             rec[j] = kda_record_begin(c, &k, st, seg[j].T);
             for (int i = 0; i < 3; i++) memcpy(rec[j].pre[i], xs[i], n * sizeof(float));
         }

@@ -10,6 +10,10 @@ typedef struct fwd_seg {
     df_state *s;
     int64_t row0;
     int T;
+    int64_t pos;     /* the session's position of the segment's first row */
+    int record;      /* keep what a rollback needs (state_records of the session's whole evaluation) */
+    df_state *snap;  /* a non-recording segment's snapshot (model_seg): its KDA layers at snap_at */
+    int64_t snap_at;
 } fwd_seg;
 
 typedef struct df_fwd {

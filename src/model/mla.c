@@ -39,7 +39,7 @@ static void mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg
     kern_matmul(f->m->kern, w->kva, x, T, kv);
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
-        int64_t pos0 = seg[j].s->pos;
+        int64_t pos0 = seg[j].pos;
         for (int t = 0; t < seg[j].T; t++) {
             const float *row = kv + (seg[j].row0 + t) * (Lc + Nr);
             kern_rmsnorm(st->c + (pos0 + t) * Lc, row, w->kv_norm, Lc, MLA_LATENT_EPS);
@@ -117,13 +117,13 @@ int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     int64_t Smax = 0;
     for (int j = 0; j < n_seg; j++) {
         Tmax = seg[j].T > Tmax ? seg[j].T : Tmax;
-        Smax = seg[j].s->pos + seg[j].T > Smax ? seg[j].s->pos + seg[j].T : Smax;
+        Smax = seg[j].pos + seg[j].T > Smax ? seg[j].pos + seg[j].T : Smax;
     }
     size_t stride = mla_head_floats(c, Tmax, Smax);
     float *buf = SCRATCH_F32(f->sc, (int64_t)f->m->kern->n_threads * stride);
     mla_job *jobs = SCRATCH_NEW(f->sc, mla_job, n_seg);
     for (int j = 0; j < n_seg; j++)
-        jobs[j] = (mla_job){f, w, &seg[j].s->layers[f->layer], seg[j].s->pos, q + seg[j].row0 * Oq, seg[j].T,
+        jobs[j] = (mla_job){f, w, &seg[j].s->layers[f->layer], seg[j].pos, q + seg[j].row0 * Oq, seg[j].T,
                             o + seg[j].row0 * Ov, buf, stride};
     double t0 = df_now();
     kern_parallel_for_t(f->m->kern, n_seg * (int)H, mla_head_task, jobs);

@@ -75,6 +75,8 @@ typedef struct model_seg {
     float *logits;
     int all_rows;
     int restored;
+    df_state *snap;     /* if not NULL: gets s as it was at position snap_at, within this pass's rows */
+    int64_t snap_at;
 } model_seg;
 
 df_state *state_new(const df_model *m);
@@ -84,6 +86,8 @@ void state_copy(const df_model *m, df_state *dst, const df_state *src);
 /* Returns the state to pos in [rec_pos0, s->pos] by replaying the KDA recurrence from the record (no weight
  * reads; the MLA caches are cut back by position). Fails (-1) without a valid record covering pos. */
 int state_rewind(df_model *m, df_state *s, int64_t pos);
+/* After a pass whose segment asked for a snapshot of s at pos (model_seg.snap): completes it. */
+void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64_t pos);
 /* Rows up to which an evaluation keeps the rollback record (0: none, and the record's memory is freed). */
 void state_set_record_rows(df_state *s, int rows);
 /* Bytes s holds: KDA states, MLA caches (allocated), rollback record. */

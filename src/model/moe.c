@@ -14,17 +14,27 @@ static void glu_act(const df_config *c, float *g, const float *u, int64_t n) {
     else kern_silu_mul(g, u, (int)n);
 }
 
-size_t glu_scratch_bytes(int inter, int T) { return 2 * scratch_size((size_t)T * inter, sizeof(float)); }
+/* Rows a GLU takes at once: the kernels are exact per row, so blocks change nothing but the size of the
+ * [rows, inter] intermediates, which for a long prompt through a wide dense layer would dwarf the activations. */
+#define GLU_BLOCK_ROWS 256
+
+size_t glu_scratch_bytes(int inter, int T) {
+    return 2 * scratch_size((size_t)DF_MIN(T, GLU_BLOCK_ROWS) * inter, sizeof(float));
+}
 
 /* out[T, dout] = down(act(gate(x)) * up(x)); gate/up [inter, din], down [dout, inter]. */
 static void glu_apply(df_fwd *f, const df_tensor *gate, const df_tensor *up, const df_tensor *down, int inter,
                       const float *x, int T, float *out) {
     size_t mark = scratch_mark(f->sc);
-    float *g = SCRATCH_F32(f->sc, (int64_t)T * inter), *u = SCRATCH_F32(f->sc, (int64_t)T * inter);
-    kern_matmul(f->m->kern, gate, x, T, g);
-    kern_matmul(f->m->kern, up, x, T, u);
-    glu_act(&f->m->cfg, g, u, (int64_t)T * inter);
-    kern_matmul(f->m->kern, down, g, T, out);
+    int B = DF_MIN(T, GLU_BLOCK_ROWS);
+    float *g = SCRATCH_F32(f->sc, (int64_t)B * inter), *u = SCRATCH_F32(f->sc, (int64_t)B * inter);
+    for (int t0 = 0; t0 < T; t0 += B) {
+        int n = DF_MIN(B, T - t0);
+        kern_matmul(f->m->kern, gate, x + (int64_t)t0 * gate->shape[1], n, g);
+        kern_matmul(f->m->kern, up, x + (int64_t)t0 * up->shape[1], n, u);
+        glu_act(&f->m->cfg, g, u, (int64_t)n * inter);
+        kern_matmul(f->m->kern, down, g, n, out + (int64_t)t0 * down->shape[0]);
+    }
     scratch_release(f->sc, mark);
 }
 
@@ -135,24 +145,31 @@ typedef struct {
     int n;
     int *rows;     /* [n] token rows, ascending */
     float *w;      /* [n] routing weights */
-    float *out;    /* [n, Dz] weight x expert output, once the expert has run */
+    float *out;    /* [n, Dz] weight x expert output, once the expert has run (in the output pool) */
 } expert_part;
 
-/* Splits the routing by expert: part[u] lists the tokens routed to r->uniq[u]; the parts' rows, weights and
- * outputs lie one after another in three scratch arrays. */
+/* Rows of expert output held at once. A decode-sized batch keeps all T x k of them, so every expert of the
+ * union can run the moment it arrives; a long prompt would need k activations' worth per token (16 x 28 KiB
+ * for K3), so it keeps max(T, 64 k) rows and runs its union in consecutive groups that fit them. */
+static int64_t expert_pool_rows(const df_config *c, int T) {
+    int64_t all = (int64_t)T * c->topk;
+    return DF_MIN(all, DF_MAX((int64_t)T, 64 * (int64_t)c->topk));
+}
+
+/* Splits the routing by expert: part[u] lists the tokens routed to r->uniq[u]; the parts' rows and weights lie
+ * one after another in two scratch arrays. */
 static expert_part *expert_parts(df_fwd *f, const df_routing *r, int T) {
     const df_config *c = &f->m->cfg;
-    int k = c->topk, Dz = config_expert_dim(c);
+    int k = c->topk;
     int *slot = SCRATCH_NEW(f->sc, int, c->n_experts);
     expert_part *p = scratch_zalloc(f->sc, ((size_t)r->n_uniq + 1) * sizeof *p);
     int *rows = SCRATCH_NEW(f->sc, int, (int64_t)T * k);
-    float *w = SCRATCH_F32(f->sc, (int64_t)T * k), *out = SCRATCH_F32(f->sc, (int64_t)T * k * Dz);
+    float *w = SCRATCH_F32(f->sc, (int64_t)T * k);
     for (int u = 0; u < r->n_uniq; u++) slot[r->uniq[u]] = u;
     for (int i = 0; i < T * k; i++) p[slot[r->ids[i]]].n++;
     for (int u = 0, at = 0; u < r->n_uniq; u++) {
         p[u].rows = rows + at;
         p[u].w = w + at;
-        p[u].out = out + (int64_t)at * Dz;
         at += p[u].n;
         p[u].n = 0;
     }
@@ -181,31 +198,46 @@ static int expert_run(df_fwd *f, const df_expert *ex, expert_part *p, const floa
     return DF_OK;
 }
 
-/* Runs the batch's experts in the order storage delivers them (compute on early arrivals overlaps the reads
- * of the rest), then adds their outputs into y [T, Dz] in ascending expert order: float addition is not
- * associative, so a fixed order keeps results independent of arrival order, cache state and read-ahead. */
+/* Runs parts [0, n) in the order storage delivers them (compute on early arrivals overlaps the reads of the
+ * rest), their outputs laid out in the pool. */
+static int experts_run_group(df_fwd *f, const int *ids, expert_part *p, int n, uint8_t *done, float *pool,
+                             const float *z) {
+    int Dz = config_expert_dim(&f->m->cfg), rc = DF_OK;
+    for (int u = 0, at = 0; u < n; at += p[u++].n) p[u].out = pool + (int64_t)at * Dz;
+    for (int got = 0; !rc && got < n; got++) {
+        df_expert ex;
+        int u = -1;
+        double t0 = df_now();
+        rc = store_expert_acquire_next(f->m->store, f->layer, ids, n, done, &u, &ex, f->err);
+        t0 = model_clock(&f->m->prof.expert_read, t0);
+        if (rc) break;
+        rc = expert_run(f, &ex, &p[u], z);
+        store_expert_release(f->m->store, f->layer, ids[u]);
+        model_clock(&f->m->prof.expert_compute, t0);
+    }
+    return rc;
+}
+
+/* Runs the batch's experts group by group (all of them in one group unless the batch is a long prompt), and
+ * adds their outputs into y [T, Dz] in ascending expert order: float addition is not associative, so a fixed
+ * order keeps results independent of arrival order, grouping, cache state and read-ahead. */
 static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, float *y) {
     int Dz = config_expert_dim(&f->m->cfg), rc = DF_OK;
     size_t mark = scratch_mark(f->sc);
     expert_part *p = expert_parts(f, r, T);
     uint8_t *done = scratch_zalloc(f->sc, (size_t)r->n_uniq + 1);
-    for (int got = 0; !rc && got < r->n_uniq; got++) {
-        df_expert ex;
-        int u = -1;
-        double t0 = df_now();
-        rc = store_expert_acquire_next(f->m->store, f->layer, r->uniq, r->n_uniq, done, &u, &ex, f->err);
-        t0 = model_clock(&f->m->prof.expert_read, t0);
-        if (rc) break;
-        rc = expert_run(f, &ex, &p[u], z);
-        store_expert_release(f->m->store, f->layer, r->uniq[u]);
-        model_clock(&f->m->prof.expert_compute, t0);
+    int64_t cap = expert_pool_rows(&f->m->cfg, T), rows = 0;
+    float *pool = SCRATCH_F32(f->sc, cap * Dz);
+    for (int g0 = 0, g1; !rc && g0 < r->n_uniq; g0 = g1) {
+        for (g1 = g0, rows = 0; g1 < r->n_uniq && rows + p[g1].n <= cap; g1++) rows += p[g1].n;
+        rc = experts_run_group(f, r->uniq + g0, p + g0, g1 - g0, done + g0, pool, z);
+        for (int u = g0; !rc && u < g1; u++)
+            for (int i = 0; i < p[u].n; i++) {
+                float *dst = y + (int64_t)p[u].rows[i] * Dz;
+                const float *src = p[u].out + (int64_t)i * Dz;
+                for (int j = 0; j < Dz; j++) dst[j] += src[j];
+            }
     }
-    for (int u = 0; !rc && u < r->n_uniq; u++)
-        for (int i = 0; i < p[u].n; i++) {
-            float *dst = y + (int64_t)p[u].rows[i] * Dz;
-            const float *src = p[u].out + (int64_t)i * Dz;
-            for (int j = 0; j < Dz; j++) dst[j] += src[j];
-        }
     scratch_release(f->sc, mark);
     return rc;
 }
@@ -287,7 +319,7 @@ size_t moe_scratch_bytes(const df_config *c, int T) {
     size_t shared = c->n_shared > 0 ? td + glu_scratch_bytes(c->moe_inter * c->n_shared, T) : 0;
     size_t parts = scratch_size(E, sizeof(int)) + scratch_size((size_t)E + 1, sizeof(expert_part)) +
                    scratch_size((size_t)T * k, sizeof(int)) + scratch_size((size_t)T * k, sizeof(float)) +
-                   scratch_size((size_t)T * k * Dz, sizeof(float)) + scratch_size((size_t)E + 1, 1);
+                   scratch_size((size_t)expert_pool_rows(c, T) * Dz, sizeof(float)) + scratch_size((size_t)E + 1, 1);
     size_t run = tz + glu_scratch_bytes(c->moe_inter, T);
     return route + lookahead + shared + 2 * tz + parts + run;
 }

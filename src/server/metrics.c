@@ -65,6 +65,10 @@ void metrics_text(srv *s, text_buf *o) {
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);
     metric(o, "deltafin_expert_cache_misses_total", "counter", "Expert cache misses.",
            (double)m->engine.expert_misses);
+    metric(o, "deltafin_expert_reads_total", "counter", "Expert reads issued (each a whole expert).",
+           (double)m->engine.expert_loads);
+    metric(o, "deltafin_prefill_passes_total", "counter", "Forward passes that evaluated prompt tokens.",
+           (double)m->prefill_passes);
     metric(o, "deltafin_disk_read_bytes_total", "counter", "Weight bytes read from disk.",
            (double)m->engine.disk_bytes);
     metric(o, "deltafin_network_read_bytes_total", "counter", "Weight bytes read from the network.",

@@ -61,6 +61,7 @@ static void srv_free(srv *s) {
     spec_free(s->spec);
     df_batch_free(s->batch);
     if (s->pcache) pcache_free(s->pcache);
+    df_session_free(s->snap);
     if (s->eng) df_engine_free(s->eng);
     if (s->tok) tokenizer_free(s->tok);
     grammar_vocab_free(s->gvocab);
@@ -156,6 +157,7 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
         df_error pe = {0};
         if (pcache_open(&s->pcache, dir, o->prompt_cache_max, o->prompt_cache_min, &pe))
             fprintf(stderr, "deltafin serve: prompt cache off: %s\n", pe.msg);
+        else rc = df_session_init(&s->snap, s->eng, err);
     }
     if (rc) {
         srv_free(s);

@@ -26,6 +26,7 @@ typedef struct srv_metrics {
     uint64_t prompt_cache_restored, prompt_cache_saved;
     double prefill_s, decode_s, last_s_per_token, last_ttft_s;
     uint64_t decode_passes, drafted, accepted;   /* summed over the answers: verifier passes, drafts */
+    uint64_t prefill_passes;                     /* passes with prompt rows in them */
     df_stats engine;   /* snapshot taken by the worker between evaluations */
 } srv_metrics;
 
@@ -131,6 +132,7 @@ struct srv {
     int pass_rows;               /* most rows one forward pass takes */
     df_batch *batch;
     struct prompt_cache *pcache; /* prompt states kept on disk; NULL when off */
+    df_session *snap;            /* the prompt-cache prefix of a prompt prefilled past it, taken in the same pass */
     struct spec *spec;           /* the slots' speculation is made like this one (it owns the draft model) */
     int n_parsing;               /* srv.mu: request bodies being parsed (bounded) */
     pthread_cond_t cv_parse;

@@ -157,6 +157,15 @@ static void slot_drop_state(srv *s, srv_slot *sl) {
     sl->reserved = slot_bytes(s, 0);
 }
 
+/* The snapshot session holds a prompt prefix's state only until it is saved: a fresh one holds nothing. */
+static void snap_drop(srv *s) {
+    df_session *fresh = NULL;
+    df_error e = {0};
+    if (df_session_init(&fresh, s->eng, &e)) return;
+    df_session_free(s->snap);
+    s->snap = fresh;
+}
+
 static int64_t common_prefix(const df_session *sess, const tok_ids *p) {
     int64_t have;
     const int32_t *h = df_session_tokens(sess, &have);
@@ -477,6 +486,7 @@ static void worker_pass(srv *s) {
         only = sl;
     }
     int decode_rows = rows;
+    srv_slot *snap_slot = NULL;
     /* prompts in admission order, each as large a slice as the pass has room for */
     for (;;) {
         srv_slot *next = NULL;
@@ -489,12 +499,18 @@ static void worker_pass(srv *s) {
         if (room <= 0) room = 1;
         int64_t left = (int64_t)next->job->prompt.n - next->at;
         int n = (int)DF_MIN((int64_t)room, left);
-        if (next->save_at > next->at) n = (int)DF_MIN((int64_t)n, next->save_at - next->at);
+        /* the prompt cache's prefix ends inside this slice: taken as a snapshot in the same pass if its state
+         * fits the slot memory beside the slots', else the slice stops there */
+        int inside = next->save_at > next->at && next->save_at < next->at + n, snap = 0;
+        if (inside && !snap_slot)
+            snap = slots_reserved(s) + df_session_state_bytes(s->eng, next->save_at, 0) <= s->slot_mem;
+        if (inside && !snap) n = (int)(next->save_at - next->at);
         if (df_batch_add(s->batch, next->sess, next->job->prompt.v + next->at, n, n == left ? next->logits : NULL,
                          0, &err)) {
             slot_release(s, next, DF_EINVAL, &err);
             continue;
         }
+        if (snap && !df_session_snapshot_at(next->sess, next->save_at, s->snap, &err)) snap_slot = next;
         next->last_rows = n;
         rows += n;
         entries++;
@@ -507,6 +523,11 @@ static void worker_pass(srv *s) {
     if (entries == 1) df_session_set_step_callback(only->sess, NULL, NULL);
     double dt = df_now() - t0;
     snapshot_stats(s);
+    if (rows > decode_rows) {
+        pthread_mutex_lock(&s->m.mu);
+        s->m.prefill_passes++;
+        pthread_mutex_unlock(&s->m.mu);
+    }
     for (int i = 0; i < s->n_slots; i++) {
         srv_slot *sl = &s->slots[i];
         if (!sl->job || !sl->last_rows) continue;
@@ -524,9 +545,11 @@ static void worker_pass(srv *s) {
         pthread_mutex_lock(&s->m.mu);
         s->m.prefill_s += dt * sl->last_rows / rows;
         pthread_mutex_unlock(&s->m.mu);
-        if (sl->save_at && sl->at == sl->save_at) {
+        if (sl->save_at && sl->at >= sl->save_at) {
+            int saved = sl->at == sl->save_at ? pcache_save(s->pcache, sl->sess, j->prompt.v, sl->at)
+                        : sl == snap_slot && pcache_save(s->pcache, s->snap, j->prompt.v, sl->save_at);
             sl->save_at = 0;
-            if (pcache_save(s->pcache, sl->sess, j->prompt.v, sl->at)) {
+            if (saved) {
                 pthread_mutex_lock(&s->m.mu);
                 s->m.prompt_cache_saved++;
                 pthread_mutex_unlock(&s->m.mu);
@@ -556,6 +579,7 @@ static void worker_pass(srv *s) {
         slot_start_decode(s, sl);
         slot_first_token(s, sl);
     }
+    if (snap_slot) snap_drop(s);
 }
 
 void *worker_main(void *arg) {

@@ -4,7 +4,8 @@
  * the kernels whose sums never depend on how many rows a product has (scalar, and AVX-512 / AVX2 where this
  * CPU runs them); with the best kernels of this CPU within BATCH_TOL of the logits' scale (AMX takes MXFP4
  * products from 4 rows and sums in another order). Also: a failed batch leaves its sessions as they were,
- * and a batch reads the spine once and each expert of a layer's union once. */
+ * and a batch reads the spine once and each expert of a layer's union once. A long prompt in one pass (its
+ * experts run in groups, its GLUs in row blocks) gives the logits of the same prompt in small passes. */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
@@ -85,6 +86,34 @@ static float run_case(df_engine *eng, int *identical) {
         free(lb[i]);
         free(la[i]);
     }
+    return worst;
+}
+
+/* A 300-row prompt in one pass against the same prompt in passes of 8 rows, every row's logits: the long pass
+ * runs its expert union in groups that fit the expert-output pool and its GLUs in row blocks, the short ones
+ * run everything at once. Returns the largest difference relative to the largest |logit|. */
+static float long_prompt_case(df_engine *eng, int *identical) {
+    df_error err = {0};
+    int V = df_engine_info(eng)->vocab_size;
+    int n = (int)DF_MIN(300, df_engine_info(eng)->max_context);
+    int32_t ids[300];
+    make_ids(ids, n, V, 7);
+    float *one = xcalloc((size_t)n * V, sizeof(float)), *parts = xcalloc((size_t)n * V, sizeof(float));
+    df_session *a = NULL, *b = NULL;
+    df_session_init(&a, eng, &err);
+    df_session_init(&b, eng, &err);
+    int rc = df_session_eval(a, ids, n, one, 1, &err);
+    for (int t = 0; !rc && t < n; t += 8)
+        rc = df_session_eval(b, ids + t, (int)DF_MIN(8, n - t), parts + (size_t)t * V, 1, &err);
+    float worst = rc ? INFINITY : 0.0f, scale = 1.0f;
+    for (size_t i = 0; !rc && i < (size_t)n * V; i++) scale = fmaxf(scale, fabsf(one[i]));
+    for (size_t i = 0; !rc && i < (size_t)n * V; i++) worst = fmaxf(worst, fabsf(one[i] - parts[i]) / scale);
+    *identical = !rc && !memcmp(one, parts, (size_t)n * V * sizeof(float));
+    if (rc) printf("# long prompt: %s\n", err.msg);
+    df_session_free(a);
+    df_session_free(b);
+    free(one);
+    free(parts);
     return worst;
 }
 
@@ -227,6 +256,9 @@ int main(void) {
         CHECK(eng && identical, "%s, scalar kernels: batched logits bit-identical to alone (max diff %g)", names[f],
               diff);
         if (eng) check_failures(eng, names[f]);
+        diff = eng ? long_prompt_case(eng, &identical) : INFINITY;
+        CHECK(eng && identical, "%s, scalar kernels: a long prompt in one pass gives the logits of small passes "
+              "bit for bit (max diff %g)", names[f], diff);
         df_engine_free(eng);
         static const char *const exact_isas[] = {"avx512", "avx2"};
         for (int k = 0; k < 2; k++) {
@@ -238,6 +270,9 @@ int main(void) {
             diff = run_case(eng, &identical);
             CHECK(identical, "%s, %s kernels: batched logits bit-identical to alone (max diff %g)", names[f],
                   exact_isas[k], diff);
+            diff = long_prompt_case(eng, &identical);
+            CHECK(identical, "%s, %s kernels: a long prompt in one pass gives the logits of small passes bit for bit "
+                  "(max diff %g)", names[f], exact_isas[k], diff);
             df_engine_free(eng);
         }
         eng = open_engine(dir, NULL);
