@@ -227,9 +227,9 @@ typedef struct {
 } pass_segs;
 
 /* Rows a mixer takes at once. KDA and MLA run each session's rows in order, carrying their state from row to
- * row, so a pass cut into blocks computes what it computes whole; blocks bound the mixers' per-row
- * projections (6 x 12,288 floats a row for K3's KDA), which would otherwise set how long a prompt one pass
- * (one read of each expert) can take. */
+ * row, so a pass cut into blocks computes what passes of those blocks would (bit for bit with kernels whose
+ * sums do not depend on the row count); blocks bound the mixers' per-row projections (6 x 12,288 floats a
+ * row for K3's KDA), which would otherwise set how long a prompt one pass (one read of each expert) can take. */
 #define MIXER_BLOCK_ROWS 256
 
 static int mixer_run(df_fwd *f, const fwd_seg *seg, int n, const float *xn, int T, float *out) {

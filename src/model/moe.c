@@ -14,8 +14,9 @@ static void glu_act(const df_config *c, float *g, const float *u, int64_t n) {
     else kern_silu_mul(g, u, (int)n);
 }
 
-/* Rows a GLU takes at once: the kernels are exact per row, so blocks change nothing but the size of the
- * [rows, inter] intermediates, which for a long prompt through a wide dense layer would dwarf the activations. */
+/* Rows a GLU takes at once, so that a long prompt through a wide dense layer does not need [rows, inter]
+ * intermediates that dwarf its activations. A block is a product of fewer rows, as a shorter pass would take:
+ * bit-identical with kernels whose sums do not depend on the row count (test_batch). */
 #define GLU_BLOCK_ROWS 256
 
 size_t glu_scratch_bytes(int inter, int T) {
