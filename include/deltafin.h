@@ -86,6 +86,10 @@ typedef struct df_engine_opts {
                                  fit (tests; a tight budget tiles lm_head by itself) */
     const char *expert_dirs;  /* "A,B": where `deltafin place` put the experts, when the folders moved; the
                                  placement in DIR/.deltafin is used without it */
+    int64_t ctx_tokens;       /* > 0: the budget holds one session's state (recurrent states, attention cache,
+                                 history, rollback record) for this many tokens, and sessions stop there (the
+                                 model's context if smaller); 0: sessions are not counted and may reach the
+                                 model's context */
 } df_engine_opts;
 
 enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };

@@ -36,6 +36,7 @@ void cli_gen_opts_default(cli_gen_opts *o) {
     memset(o, 0, sizeof *o);
     df_engine_opts_default(&o->eng);
     o->eng.heat = DF_HEAT_ON;
+    o->eng.ctx_tokens = CLI_DEFAULT_CTX;
     sample_params_default(&o->sp);
     o->sp.temperature = 0.0f;
     o->max_tokens = 128;
@@ -180,14 +181,15 @@ int cli_prefill(cli_model *m, const int32_t *ids, int n, df_error *err) {
 int cli_prompt_fits(cli_model *m, size_t n_prompt, df_error *err) {
     int64_t ctx = df_engine_info(m->eng)->max_context;
     if ((int64_t)n_prompt + df_session_pos(m->s) <= ctx) return DF_OK;
-    return df_error_set(err, DF_EINVAL, "the prompt is %zu tokens%s, more than the model's context of %lld tokens",
-                        n_prompt, df_session_pos(m->s) ? " on top of the conversation so far" : "", (long long)ctx),
+    return df_error_set(err, DF_EINVAL, "the prompt is %zu tokens%s, more than the context of %lld tokens (--ctx, up "
+                        "to the model's)", n_prompt, df_session_pos(m->s) ? " on top of the conversation so far" : "",
+                        (long long)ctx),
            DF_EINVAL;
 }
 
 void cli_context_notice(cli_model *m, const gen_result *res, int asked, int allowed) {
     if (allowed < asked && res->finish == GEN_FINISH_LENGTH && (int)res->ids.n >= allowed)
-        fprintf(stderr, "[stopped at the context limit: the model's context of %lld tokens is full]\n",
+        fprintf(stderr, "[stopped at the context limit: the context of %lld tokens is full (--ctx, up to the model's)]\n",
                 (long long)df_engine_info(m->eng)->max_context);
 }
 

@@ -106,6 +106,10 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         return 1;
     case CLI_OPT_TRACE_ROUTING: o->trace_routing = arg; return 1;
     case CLI_OPT_EXPERT_DIRS: o->expert_dirs = arg; return 1;
+    case CLI_OPT_CTX:
+        if (cli_parse_int("--ctx", arg, 1, 1L << 30, &v) < 0) return -1;
+        o->ctx_tokens = v;
+        return 1;
     case CLI_OPT_HEAT:
         if (!strcmp(arg, "on")) o->heat = DF_HEAT_ON;
         else if (!strcmp(arg, "off")) o->heat = DF_HEAT_OFF;

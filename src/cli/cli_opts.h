@@ -10,10 +10,13 @@
 
 enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
        CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE,
-       CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING, CLI_OPT_HEAT, CLI_OPT_EXPERT_DIRS };
+       CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING, CLI_OPT_HEAT, CLI_OPT_EXPERT_DIRS, CLI_OPT_CTX };
+
+/* The context run, chat and info budget a conversation's state for when --ctx is not given. */
+#define CLI_DEFAULT_CTX 4096
 
 /* Entries in CLI_STORAGE_LONGOPTS (for tables that are sized at compile time). */
-#define CLI_STORAGE_N_LONGOPTS 13
+#define CLI_STORAGE_N_LONGOPTS 14
 
 #define CLI_STORAGE_LONGOPTS                                                                                    \
     {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
@@ -21,7 +24,7 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
         {"io-threads", 1, 0, CLI_OPT_IO_THREADS}, {"remote", 1, 0, CLI_OPT_REMOTE}, {"io", 1, 0, CLI_OPT_IO},    \
         {"lookahead", 2, 0, CLI_OPT_LOOKAHEAD}, {"spine", 1, 0, CLI_OPT_SPINE},                                  \
         {"cache-policy", 1, 0, CLI_OPT_CACHE_POLICY}, {"trace-routing", 1, 0, CLI_OPT_TRACE_ROUTING},            \
-        {"heat", 1, 0, CLI_OPT_HEAT}, {"expert-dirs", 1, 0, CLI_OPT_EXPERT_DIRS}
+        {"heat", 1, 0, CLI_OPT_HEAT}, {"expert-dirs", 1, 0, CLI_OPT_EXPERT_DIRS}, {"ctx", 1, 0, CLI_OPT_CTX}
 
 #define CLI_STORAGE_USAGE                                                                                       \
     "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
@@ -37,7 +40,9 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --cache-policy P  expert cache replacement: lfu (frequency with decay, default), lru or arc\n"         \
     "  --trace-routing FILE  append each layer's expert selection to FILE (deltafin bench cache --trace)\n"  \
     "  --heat on|off     keep expert heat in DIR/.deltafin/heat and warm the cache from it (run/chat/serve: on)\n"  \
-    "  --expert-dirs A,B the folders of deltafin place, when they moved (else as the placement records them)\n"
+    "  --expert-dirs A,B the folders of deltafin place, when they moved (else as the placement records them)\n"   \
+    "  --ctx N           context the budget holds a conversation's state for (run, chat, info: 4096 or the\n"   \
+    "                    model's if smaller); generation stops there\n"
 
 /* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
  * names the flag, the accepted range and the value given. */

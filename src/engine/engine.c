@@ -27,6 +27,23 @@ static int engine_fit_pass_rows(const df_engine *e) {
     return lo;
 }
 
+/* The budget's share for one session of opts->ctx_tokens (the model's context if smaller). Read from the
+ * folder's config.json ahead of the store, which plans the budget when it opens; a config that does not parse
+ * here is reported by the store's own checks. */
+static void engine_state_share(const df_engine_opts *opts, store_opts *so) {
+    char *path = df_path_join(opts->model_dir, "config.json");
+    df_error e = {0};
+    char *text = df_read_file_max(path, DF_JSON_FILE_MAX, NULL, &e);
+    df_config c;
+    if (text && !config_parse(&c, text, path, &e)) {
+        so->state_tokens = DF_MIN(opts->ctx_tokens, c.max_ctx);
+        so->state_bytes = state_bytes_for(&c, so->state_tokens, DF_ROLLBACK_ROWS_DEFAULT);
+        config_free(&c);
+    }
+    free(text);
+    free(path);
+}
+
 int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     *out = NULL;
     if (!opts || !opts->model_dir) {
@@ -40,6 +57,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                      .spine = opts->spine, .lookahead = opts->lookahead,
                      .cache_policy = opts->cache_policy, .trace_routing = opts->trace_routing, .heat = opts->heat,
                      .head_tile_rows = opts->head_tile_rows, .expert_dirs = opts->expert_dirs};
+    if (opts->ctx_tokens > 0) engine_state_share(opts, &so);
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -66,6 +84,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     e->model.kern = &e->kern;
     e->model.alog_per_channel = opts->alog_per_channel;
     e->model.dir = store_dir(e->store);
+    if (so.state_tokens > 0) e->model.cfg.max_ctx = DF_MIN(e->model.cfg.max_ctx, so.state_tokens);
     const df_config *c = &e->model.cfg;
     e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
                               c->eos_id, c->max_ctx};
@@ -338,22 +357,8 @@ int64_t df_session_pos(const df_session *s) { return s->state->pos; }
 
 int df_engine_pass_rows(const df_engine *e) { return e->pass_rows; }
 
-/* Mirrors state_new (KDA S and conv tails) and the MLA cache's doubling growth from 64 positions. */
 uint64_t df_session_state_bytes(const df_engine *e, int64_t n_tokens, int rollback_rows) {
-    const df_config *c = &e->model.cfg;
-    int64_t cap = 64;
-    while (cap < n_tokens) cap *= 2;
-    uint64_t bytes = (uint64_t)e->info.vocab_size * sizeof(float) + (uint64_t)cap * 2 * sizeof(int32_t);
-    for (int i = 0; i < c->n_layers; i++) {
-        if (c->mixer[i] == MIXER_KDA) {
-            uint64_t pk = (uint64_t)c->kda_heads * c->kda_dim;
-            bytes += ((uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1) *
-                     sizeof(float);
-        } else {
-            bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
-        }
-    }
-    return bytes + state_record_bytes(&e->model, rollback_rows);
+    return state_bytes_for(&e->model.cfg, n_tokens, rollback_rows);
 }
 
 int df_session_copy(df_session *dst, const df_session *src, df_error *err) {

@@ -148,12 +148,30 @@ uint64_t state_bytes(const df_model *m, const df_state *s) {
     return n + state_blob_size(m, 0);
 }
 
-uint64_t state_record_bytes(const df_model *m, int rows) {
+static uint64_t record_bytes(const df_config *c, int rows) {
     if (rows < 2) return 0;
     uint64_t n = 0;
-    for (int i = 0; i < m->cfg.n_layers; i++)
-        if (m->cfg.mixer[i] == MIXER_KDA) n += (uint64_t)kda_record_floats(&m->cfg, rows) * sizeof(float);
+    for (int i = 0; i < c->n_layers; i++)
+        if (c->mixer[i] == MIXER_KDA) n += (uint64_t)kda_record_floats(c, rows) * sizeof(float);
     return n;
+}
+
+/* Mirrors state_new (KDA S and conv tails), the MLA cache's doubling growth from 64 positions, the session's
+ * history and last logits, and the rollback record. */
+uint64_t state_bytes_for(const df_config *c, int64_t n_tokens, int rollback_rows) {
+    int64_t cap = 64;
+    while (cap < n_tokens) cap *= 2;
+    uint64_t bytes = (uint64_t)c->vocab * sizeof(float) + (uint64_t)cap * 2 * sizeof(int32_t);
+    for (int i = 0; i < c->n_layers; i++) {
+        if (c->mixer[i] == MIXER_KDA) {
+            uint64_t pk = (uint64_t)c->kda_heads * c->kda_dim;
+            bytes += ((uint64_t)c->kda_heads * c->kda_dim * c->kda_dim + (uint64_t)(c->conv_w - 1) * 3 * pk + 1) *
+                     sizeof(float);
+        } else {
+            bytes += (uint64_t)cap * (uint64_t)(c->kv_lora + (c->rope ? c->rope : 1)) * sizeof(float);
+        }
+    }
+    return bytes + record_bytes(c, rollback_rows);
 }
 
 /* The blob: per layer in order, KDA S and conv, or the first pos rows of the MLA latents and rope keys. */

@@ -92,9 +92,9 @@ void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64
 void state_set_record_rows(df_state *s, int rows);
 /* Bytes s holds: KDA states, MLA caches (allocated), rollback record. */
 uint64_t state_bytes(const df_model *m, const df_state *s);
-/* Bytes the rollback record of an evaluation of rows tokens holds (0 for rows < 2: one-token evaluations keep
- * none). */
-uint64_t state_record_bytes(const df_model *m, int rows);
+/* Bytes a session holds once it has consumed n_tokens, with a rollback record of rollback_rows
+ * (df_session_state_bytes). */
+uint64_t state_bytes_for(const df_config *c, int64_t n_tokens, int rollback_rows);
 /* The whole state as bytes: state_blob_size(m, pos) bytes for a state at pos; state_blob_put writes them,
  * state_blob_get reads them into s (which must be reset; sets s->pos). */
 uint64_t state_blob_size(const df_model *m, int64_t pos);

@@ -88,6 +88,11 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
     store_print_bytes(b, st->opts.mem_budget);
     store_printf(b, ":\n  working reserve ");
     store_print_bytes(b, st->reserve_bytes);
+    if (st->opts.state_bytes) {
+        store_printf(b, "\n  session state: ");
+        store_print_bytes(b, st->opts.state_bytes);
+        store_printf(b, " for a context of %lld tokens (--ctx)", (long long)st->opts.state_tokens);
+    }
     if (!st->spine) {
         store_printf(b, "\n  spine: served from the file mapping (it fits): ");
         store_print_bytes(b, st->spine_bytes);

@@ -156,8 +156,17 @@ static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
 }
 
 int plan_build(df_store *st, df_error *err) {
-    uint64_t budget = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes();
-    st->opts.mem_budget = budget;
+    uint64_t full = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes(), state = st->opts.state_bytes;
+    char b1[32], b2[32];
+    st->opts.mem_budget = full;
+    if (state >= full) {
+        store_print_gib(b1, sizeof b1, full);
+        store_print_gib(b2, sizeof b2, state);
+        return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for a session of %lld tokens (its state "
+                            "takes %s); lower --ctx or raise --mem", st->dir, b1, (long long)st->opts.state_tokens,
+                            b2), DF_ENOMEM;
+    }
+    uint64_t budget = full - state;   /* what the weights, the cache and the working reserve share */
     st->reserve_bytes = DF_MIN(DF_MAX(budget / 16, 64ull << 20), 1ull << 30);
     for (int l = 0; l < st->n_layers; l++)
         for (int e = 0; e < st->n_experts[l]; e++) {
@@ -170,8 +179,7 @@ int plan_build(df_store *st, df_error *err) {
     if (st->opts.cache_slots > 0) min_slots = (uint64_t)st->opts.cache_slots;
     uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
     st->min_slots = min_slots;
-    st->min_budget = store_min_budget(st, min_cache);
-    char b1[32], b2[32];
+    st->min_budget = store_min_budget(st, min_cache) + state;
     if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
         int n_units = 0;
         spine_unit *u = NULL;
@@ -182,14 +190,14 @@ int plan_build(df_store *st, df_error *err) {
             need = store_stream_plan(st, budget, min_cache, 1, &u, &n_units);
         }
         if (need > budget) {
-            store_print_gib(b1, sizeof b1, budget);
-            store_print_gib(b2, sizeof b2, need);
+            store_print_gib(b1, sizeof b1, full);
+            store_print_gib(b2, sizeof b2, need + state);
             for (int l = 0; l < n_units; l++) free(u[l].r);
             free(u);
             return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
                                 "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
-                                "largest streamed layer or lm_head tile and %llu expert slots); the smallest budget "
-                                "it runs in is %.2f GiB", st->dir, b1, b2, (unsigned long long)min_slots,
+                                "largest streamed layer or lm_head tile, %llu expert slots and the session state); "
+                                "the smallest budget it runs in is %.2f GiB", st->dir, b1, b2, (unsigned long long)min_slots,
                                 (double)st->min_budget / (1ull << 30)), DF_ENOMEM;
         }
         int rc = spine_new(&st->spine, st->src_spine, st->pool, n_units, u, err);
@@ -210,7 +218,7 @@ int plan_build(df_store *st, df_error *err) {
     }
     slots = DF_MIN(slots, st->n_experts_total);
     if (slots < 1) {
-        store_print_gib(b1, sizeof b1, budget);
+        store_print_gib(b1, sizeof b1, full);
         return df_error_set(err, DF_ENOMEM, "%s: memory budget %s leaves no room for an expert slot (%llu bytes)",
                             st->dir, b1, (unsigned long long)st->slot_bytes), DF_ENOMEM;
     }

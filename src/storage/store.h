@@ -44,6 +44,8 @@ typedef struct store_opts {
     int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
     int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
     const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
+    uint64_t state_bytes;    /* the budget's share kept for session state (df_engine_opts.ctx_tokens) */
+    int64_t state_tokens;    /* the tokens it holds (for info) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */

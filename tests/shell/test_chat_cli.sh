@@ -44,12 +44,27 @@ fi
 
 # generation cut by the context (512 tokens) says so
 $BIN run -p "The jury said that" -n 600 >/dev/null 2>"$tmp/ctx"
-grep -q "stopped at the context limit: the model's context of 512 tokens is full" "$tmp/ctx" \
+grep -q "stopped at the context limit: the context of 512 tokens is full" "$tmp/ctx" \
     && grep -q "generated 509 tokens" "$tmp/ctx" && echo "ok - run stopped by the context limit says so" \
     || echo "not ok - context limit notice: $(cat "$tmp/ctx")"
 printf 'Hello there\n' | $BIN chat -n 1000 >/dev/null 2>"$tmp/ctx3"
 grep -q "stopped at the context limit" "$tmp/ctx3" && echo "ok - a chat answer stopped by the context limit says so" \
     || echo "not ok - chat context limit notice: $(cat "$tmp/ctx3")"
+# --ctx: the budget holds a conversation's state for that many tokens, and generation stops there
+$BIN run -p "The jury said that" -n 100 --ctx 40 >/dev/null 2>"$tmp/ctx4"
+grep -q "stopped at the context limit: the context of 40 tokens is full" "$tmp/ctx4" \
+    && grep -q "generated 37 tokens" "$tmp/ctx4" && echo "ok - run --ctx 40 stops at 40 tokens and says so" \
+    || echo "not ok - --ctx 40: $(cat "$tmp/ctx4")"
+i16=$($BIN info --mem 100M --ctx 16 2>&1); i512=$($BIN info --mem 100M 2>&1)
+b16=$(sed -n 's/^  session state: .*(\([0-9]*\) bytes) for a context of 16 tokens (--ctx)$/\1/p' <<<"$i16")
+b512=$(sed -n 's/^  session state: .*(\([0-9]*\) bytes) for a context of 512 tokens (--ctx)$/\1/p' <<<"$i512")
+[ -n "$b16" ] && [ -n "$b512" ] && [ "$b512" -gt "$b16" ] && grep -q "^context: 16 tokens$" <<<"$i16" \
+    && echo "ok - info's plan counts the session state of its context ($b16 bytes for 16 tokens, $b512 for 512)" \
+    || echo "not ok - info --ctx: $i16 / $i512"
+out=$($BIN run -p "The jury" -n 4 --mem 2M 2>&1); rc=$?
+[ $rc -ne 0 ] && [ $rc -lt 128 ] && grep -q "too small for a session of 512 tokens" <<<"$out" \
+    && echo "ok - a budget that cannot hold the session's state is refused, naming it" \
+    || echo "not ok - --mem 2M (exit $rc): $out"
 $BIN run -p "The jury said that" -n 20 >/dev/null 2>"$tmp/ctx2"
 grep -q "context limit" "$tmp/ctx2" && echo "not ok - context notice on a run that was not cut" \
     || echo "ok - no context notice when max tokens ended the run"

@@ -115,7 +115,7 @@ expect_usage "run: two prompts are refused" "exactly one prompt" $BIN run -m "$F
 expect_fail "run -f of a missing file names it" "$tmp/no-such-prompt.txt" $BIN run -f "$tmp/no-such-prompt.txt"
 : >"$tmp/empty.txt"
 expect_fail "run -f of an empty file says so" "the prompt is empty" $BIN run -f "$tmp/empty.txt"
-expect_fail "a prompt longer than the context gives both sizes" "more than the model's context of 4096 tokens" \
+expect_fail "a prompt longer than the context gives both sizes" "more than the context of 4096 tokens" \
     $BIN run -m "$FIX" --tokens "$(seq -s, 1 4097 | sed 's/[0-9]*/7/g')" -n 1
 
 out=$($BIN --version 2>&1); rc=$?
