@@ -67,20 +67,27 @@ static void mla_reserve(const df_config *c, df_layer_state *l, int64_t need) {
     l->cap = cap;
 }
 
+/* A KDA layer's recurrent and convolution state. */
+static void kda_copy(const df_config *c, df_layer_state *d, const df_layer_state *s) {
+    memcpy(d->S, s->S, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
+    memcpy(d->conv, s->conv, (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float));
+}
+
+/* An MLA layer's latents and rope keys of positions 0..pos-1. */
+static void mla_copy_prefix(const df_config *c, df_layer_state *d, const df_layer_state *s, int64_t pos) {
+    if (!pos) return;
+    mla_reserve(c, d, pos);
+    memcpy(d->c, s->c, (size_t)pos * c->kv_lora * sizeof(float));
+    memcpy(d->r, s->r, (size_t)pos * c->rope * sizeof(float));
+}
+
 void state_copy(const df_model *m, df_state *dst, const df_state *src) {
     const df_config *c = &m->cfg;
-    int64_t pk = (int64_t)c->kda_heads * c->kda_dim;
     for (int i = 0; i < src->n_layers; i++) {
         df_layer_state *d = &dst->layers[i];
         const df_layer_state *s = &src->layers[i];
-        if (s->S) {
-            memcpy(d->S, s->S, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
-            memcpy(d->conv, s->conv, (size_t)(c->conv_w - 1) * 3 * pk * sizeof(float));
-        } else if (src->pos) {
-            mla_reserve(c, d, src->pos);
-            memcpy(d->c, s->c, (size_t)src->pos * c->kv_lora * sizeof(float));
-            memcpy(d->r, s->r, (size_t)src->pos * c->rope * sizeof(float));
-        }
+        if (s->S) kda_copy(c, d, s);
+        else mla_copy_prefix(c, d, s, src->pos);
         if (src->rec_valid && s->rec) {
             int64_t nf = kda_record_floats(c, src->rec_T);
             if (nf > d->rec_cap) {
@@ -115,14 +122,8 @@ void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64
         snap->rec_valid = 0;
         return;
     }
-    for (int i = 0; i < c->n_layers; i++) {
-        const df_layer_state *l = &s->layers[i];
-        df_layer_state *d = &snap->layers[i];
-        if (l->S || !pos) continue;
-        mla_reserve(c, d, pos);
-        memcpy(d->c, l->c, (size_t)pos * c->kv_lora * sizeof(float));
-        memcpy(d->r, l->r, (size_t)pos * c->rope * sizeof(float));
-    }
+    for (int i = 0; i < c->n_layers; i++)
+        if (!s->layers[i].S) mla_copy_prefix(c, &snap->layers[i], &s->layers[i], pos);
     snap->pos = pos;
     snap->rec_valid = 0;
 }
@@ -255,12 +256,6 @@ static int mixer_run(df_fwd *f, const fwd_seg *seg, int n, const float *xn, int 
     return mla_forward(f, seg, n, xn, T, out);
 }
 
-/* Copies a KDA layer's state (recurrent and convolution) into a snapshot's. */
-static void kda_snapshot(const df_config *c, df_layer_state *dst, const df_layer_state *src) {
-    memcpy(dst->S, src->S, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
-    memcpy(dst->conv, src->conv, (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float));
-}
-
 /* The pass's rows in blocks of about MIXER_BLOCK_ROWS: a segment longer than a block's room is split at
  * its position, except one that records for rollback, which a block takes whole (it is short); a block also
  * ends where a segment's snapshot is taken, so the KDA state there can be copied. */
@@ -288,7 +283,7 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
         rc = mixer_run(f, sub, n, xn + (int64_t)r0 * d, rows, out + (int64_t)r0 * d);
         for (int i = 0; !rc && kda && i < n; i++)
             if (sub[i].snap && sub[i].pos + sub[i].T == sub[i].snap_at)
-                kda_snapshot(c, &sub[i].snap->layers[f->layer], &sub[i].s->layers[f->layer]);
+                kda_copy(c, &sub[i].snap->layers[f->layer], &sub[i].s->layers[f->layer]);
         r0 += rows;
     }
     scratch_release(f->sc, mark);

@@ -146,24 +146,22 @@ static uint64_t slots_reserved(const srv *s) {
     return sum;
 }
 
-/* Gives an idle slot's memory back: a fresh session holds only the fixed part. */
-static void slot_drop_state(srv *s, srv_slot *sl) {
+/* Replaces *sess with a fresh session, which holds only the fixed part of a state; 0 if none could be made
+ * (*sess is kept). */
+static int session_renew(srv *s, df_session **sess) {
     df_session *fresh = NULL;
     df_error e = {0};
-    if (df_session_init(&fresh, s->eng, &e)) return;
-    df_session_free(sl->sess);
-    sl->sess = fresh;
-    sl->cap_tokens = 0;
-    sl->reserved = slot_bytes(s, 0);
+    if (df_session_init(&fresh, s->eng, &e)) return 0;
+    df_session_free(*sess);
+    *sess = fresh;
+    return 1;
 }
 
-/* The snapshot session holds a prompt prefix's state only until it is saved: a fresh one holds nothing. */
-static void snap_drop(srv *s) {
-    df_session *fresh = NULL;
-    df_error e = {0};
-    if (df_session_init(&fresh, s->eng, &e)) return;
-    df_session_free(s->snap);
-    s->snap = fresh;
+/* Gives an idle slot's memory back. */
+static void slot_drop_state(srv *s, srv_slot *sl) {
+    if (!session_renew(s, &sl->sess)) return;
+    sl->cap_tokens = 0;
+    sl->reserved = slot_bytes(s, 0);
 }
 
 static int64_t common_prefix(const df_session *sess, const tok_ids *p) {
@@ -579,7 +577,7 @@ static void worker_pass(srv *s) {
         slot_start_decode(s, sl);
         slot_first_token(s, sl);
     }
-    if (snap_slot) snap_drop(s);
+    if (snap_slot) session_renew(s, &s->snap);   /* it held the prefix only until it was saved */
 }
 
 void *worker_main(void *arg) {
