@@ -259,6 +259,74 @@ def estimate():
             "active_params_per_token": active}
 
 
+# ---------------------------------------------------------------------------------------------------- teacher
+
+def load_teacher(folder, dev):
+    """A checkpoint the engine loads (BF16/F32 spine, MXFP4 experts) as a float32 transformers model: the
+    experts dequantised exactly and the dense FFN renamed, through tools/hf_ref.py's loader."""
+    import tempfile
+
+    import hf_ref
+    from safetensors.numpy import save_file
+    from transformers import KimiLinearConfig, KimiLinearForCausalLM
+
+    work = tempfile.mkdtemp(prefix="teacher_")
+    hf_ref.plain_config_dir(folder, work)
+    lay, _ = hf_ref.saved_layout(KimiLinearForCausalLM(KimiLinearConfig.from_pretrained(work)), work)
+    tens = {}
+    for k, v in hf_ref.fixture_tensors(folder).items():
+        k = hf_ref.swap_dense(k) if k not in lay and hf_ref.swap_dense(k) in lay else k
+        tens[k] = np.ascontiguousarray(v.reshape(lay[k][1]) if k in lay else v)
+    save_file(tens, os.path.join(work, "model.safetensors"), metadata={"format": "pt"})
+    model, bad = hf_ref.load(work)
+    if bad:
+        raise SystemExit(f"teacher {folder}: {bad}")
+    return model.to(dev).eval()
+
+
+def teacher_check(teacher, folder):
+    """Of the greedy tokens in the teacher's reference.json (transformers, float32, CPU), how many the loaded
+    teacher reproduces on the GPU (float32): it must be the model the engine runs."""
+    import torch
+
+    path = os.path.join(folder, "reference.json")
+    if not os.path.exists(path):
+        return None
+    dev, same, total = next(teacher.parameters()).device, 0, 0
+    torch.backends.cuda.matmul.allow_tf32 = False
+    with torch.no_grad():
+        for case in json.load(open(path))["cases"]:
+            seq = list(case["prompt_ids"])
+            for want in case["greedy"]:
+                got = int(teacher(input_ids=torch.tensor([seq], device=dev), use_cache=False).logits[0, -1].argmax())
+                same, total = same + (got == want), total + 1
+                seq.append(want)
+    torch.backends.cuda.matmul.allow_tf32 = True
+    return f"{same}/{total}"
+
+
+def teacher_windows(teacher, train_ids, n, g, gen):
+    """n training windows of SEQ + 1 tokens whose last g tokens are the teacher's greedy continuation of the
+    text before them: the contexts a draft model meets while the target model writes."""
+    import torch
+
+    dev, out = train_ids.device, []
+    with torch.no_grad():
+        for i in range(0, n, 128):
+            starts = torch.randint(0, len(train_ids) - SEQ - 1, (min(128, n - i),), generator=gen).to(dev)
+            w = train_ids[starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]].clone()
+            p = SEQ + 1 - g
+            o = teacher(input_ids=w[:, :p], use_cache=True)     # then one cached step per token
+            while True:
+                w[:, p] = o.logits[:, -1].float().argmax(-1)
+                p += 1
+                if p > SEQ:
+                    break
+                o = teacher(input_ids=w[:, p - 1:p], past_key_values=o.past_key_values, use_cache=True)
+            out.append(w)
+    return torch.cat(out)
+
+
 # ---------------------------------------------------------------------------------------------------- training
 
 def log(*a):
@@ -278,6 +346,12 @@ def main():
     ap.add_argument("--eval-every", type=int, default=50)
     ap.add_argument("--config", help="JSON file of CONFIG keys to replace (e.g. a smaller draft model, "
                     "models/draft/train_config.json)")
+    ap.add_argument("--teacher", help="distil from this checkpoint (a folder the engine loads, e.g. models/default): "
+                    "the loss is the KL divergence from its next-token distribution instead of the cross-entropy "
+                    "on the text, and early stopping keeps the step whose argmax agrees with it most often")
+    ap.add_argument("--teacher-gen", type=int, default=0, help="with --teacher: also train on this many windows "
+                    "that end in the teacher's own greedy continuation (half of every batch)")
+    ap.add_argument("--gen-tokens", type=int, default=96, help="length of those continuations")
     args = ap.parse_args()
     if args.config:
         with open(args.config) as f:
@@ -368,16 +442,43 @@ def run(args):
     gen = torch.Generator(device="cpu").manual_seed(1234)
     train_ids = ids["train"].to(dev)
 
+    teacher, gen_ids = None, None
+    if args.teacher:
+        teacher = load_teacher(args.teacher, dev)
+        report["teacher"] = {"dir": args.teacher, "reference_greedy_match": teacher_check(teacher, args.teacher)}
+        log("teacher:", report["teacher"])
+        if args.teacher_gen:
+            t0 = time.time()
+            try:
+                gen_ids = teacher_windows(teacher, train_ids, args.teacher_gen, args.gen_tokens, gen)
+            except Exception as e:  # noqa: BLE001
+                log("teacher windows failed, distilling on the text alone:", repr(e)[:300])
+                args.teacher_gen = 0
+            report["teacher"].update({"windows": args.teacher_gen, "gen_tokens": args.gen_tokens,
+                                      "seconds": round(time.time() - t0, 1)})
+            log("teacher windows:", report["teacher"])
+
+    def windows(n):
+        starts = torch.randint(0, len(train_ids) - SEQ - 1, (n,), generator=gen).to(dev)
+        return train_ids[starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]]
+
     def batch(bs):
-        starts = torch.randint(0, len(train_ids) - SEQ - 1, (bs,), generator=gen).to(dev)
-        off = torch.arange(SEQ + 1, device=dev)
-        w = train_ids[starts[:, None] + off[None, :]]
+        w = windows(bs - bs // 2) if gen_ids is not None else windows(bs)
+        if gen_ids is not None:
+            w = torch.cat([w, gen_ids[torch.randint(0, len(gen_ids), (bs // 2,), generator=gen).to(dev)]])
         return w[:, :-1], w[:, 1:]
+
+    def teacher_logp(x):
+        with torch.no_grad(), torch.autocast("cuda", dtype=torch.bfloat16):
+            return F.log_softmax(teacher(input_ids=x, use_cache=False).logits.float(), -1)
 
     def loss_of(x, y):
         with torch.autocast("cuda", dtype=torch.bfloat16):
             logits = model(input_ids=x, use_cache=False).logits
-        return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        if teacher is None:
+            return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), y.reshape(-1))
+        t = teacher_logp(x).reshape(-1, logits.shape[-1])
+        return F.kl_div(F.log_softmax(logits.float(), -1).reshape(t.shape), t, log_target=True, reduction="batchmean")
 
     @torch.no_grad()
     def evaluate(split, fp32=False):
@@ -389,7 +490,7 @@ def run(args):
         n = (len(s) - 1) // SEQ
         x = s[:n * SEQ].reshape(n, SEQ)
         y = s[1:n * SEQ + 1].reshape(n, SEQ)
-        nll, cnt, nbytes = 0.0, 0, 0.0
+        nll, cnt, nbytes, agree = 0.0, 0, 0.0, 0
         for i in range(0, n, 16):
             xb, yb = x[i:i + 16], y[i:i + 16]
             if fp32:
@@ -402,10 +503,18 @@ def run(args):
             nll += l[keep].double().sum().item()
             cnt += int(keep.sum())
             nbytes += tok_len[yb.reshape(-1)[keep].cpu()].sum().item()
+            if teacher is not None:
+                agree += int((logits.argmax(-1) == teacher_logp(xb).argmax(-1)).sum())
         model.train()
         torch.backends.cuda.matmul.allow_tf32 = True
-        return {"ppl": math.exp(nll / cnt), "bits_per_byte": nll / math.log(2) / nbytes, "tokens": cnt,
-                "loss": nll / cnt}
+        out = {"ppl": math.exp(nll / cnt), "bits_per_byte": nll / math.log(2) / nbytes, "tokens": cnt,
+               "loss": nll / cnt}
+        if teacher is not None:   # how often the student's argmax is the teacher's: a draft's acceptance
+            out["teacher_agree"] = agree / y.numel()
+        return out
+
+    def worse(v):                 # what early stopping minimises
+        return -v["teacher_agree"] if teacher is not None else v["loss"]
 
     # Prefer the grouped-matmul experts path if this transformers build has it.
     model.train()
@@ -454,14 +563,16 @@ def run(args):
                 v = evaluate("valid")
                 hist.append({"step": step, "t": round(time.time() - t0, 1), "train_loss": round(loss.item(), 4),
                              "valid_loss": round(v["loss"], 4), "lr": cur})
+                if teacher is not None:
+                    hist[-1]["valid_teacher_agree"] = round(v["teacher_agree"], 4)
                 log(tag, hist[-1])
-                if v["loss"] < best[0]:
-                    best = (v["loss"], copy.deepcopy(model.state_dict()), step)
+                if worse(v) < best[0]:
+                    best = (worse(v), copy.deepcopy(model.state_dict()), step)
         v = evaluate("valid")
-        if v["loss"] < best[0]:
-            best = (v["loss"], copy.deepcopy(model.state_dict()), step)
-        log(tag, "done:", step, "steps in", round(time.time() - t0, 1), "s; best valid loss", round(best[0], 4),
-            "at step", best[2])
+        if worse(v) < best[0]:
+            best = (worse(v), copy.deepcopy(model.state_dict()), step)
+        log(tag, "done:", step, "steps in", round(time.time() - t0, 1), "s; best", round(best[0], 4), "at step",
+            best[2])
         model.load_state_dict(best[1])
         return {"steps": step, "seconds": round(time.time() - t0, 1), "best_step": best[2],
                 "tokens": step * args.batch * SEQ, "history": hist}

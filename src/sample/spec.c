@@ -23,6 +23,7 @@
 #define GAIN_MIN 1.03             /* drafting must promise this much more tokens per second than a plain pass */
 #define PROBE_SHARE 0.01          /* probes may cost at most this fraction of the decoding time */
 #define PROBE_MIN_GAP 16          /* passes between probes, at least */
+#define EXPLORE_EVERY 8           /* every this many chosen draft lengths, a neighbouring one is tried instead */
 #define T_ROWS 257                /* pass times are kept for passes of up to T_ROWS - 1 rows */
 
 typedef struct {
@@ -50,6 +51,7 @@ struct spec {
     int n_rollback, n_draft_tok;
     accept_est est[N_SRC];
     uint64_t since_probe;
+    uint64_t n_chosen;            /* draft lengths the cost model chose (exploration schedule) */
     int last_src;                 /* source of the drafts of the pass being observed; -1 none */
     spec_stats st;
 };
@@ -205,26 +207,42 @@ static double pass_time(const spec *sp, int r) {
     return r < b ? DF_MAX(t, tb * r / b) : t;
 }
 
-/* Until a rollback was measured it is assumed to cost a plain pass. */
-static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : pass_time(sp, 1); }
+/* Until a rollback was measured it is assumed free: within the session's rollback record (which covers every
+ * draft length) it reads no weights, and the first one measured corrects the guess. */
+static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : 0; }
 
-/* The best number of drafts (up to kmax) from a source, and the tokens per second it promises. The pass
- * also carries the shared rows of other streams, one token each, whose pace counts as much as this one's. */
-static int best_k(const spec *sp, int src, int kmax, double *rate) {
-    double a = est_rate(&sp->est[src]), draft = src == SRC_MODEL ? sp->t_draft_tok : 0;
-    int best = 0, b = sp->shared;
-    *rate = (b + 1) / pass_time(sp, b + 1);
-    double ak = 1;
+/* The tokens per second that k drafts (0..kmax) from a source promise, into rate[k]. The pass also carries
+ * the shared rows of other streams, one token each, whose pace counts as much as this one's. */
+static void draft_rates(const spec *sp, int src, int kmax, double *rate) {
+    double a = est_rate(&sp->est[src]), draft = src == SRC_MODEL ? sp->t_draft_tok : 0, ak = 1;
+    int b = sp->shared;
+    rate[0] = (b + 1) / pass_time(sp, b + 1);
     for (int k = 1; k <= kmax; k++) {
         ak *= a;
         double tokens = b + (a < 1 ? (1 - ak * a) / (1 - a) : k + 1);
-        double cost = pass_time(sp, b + k + 1) + (1 - ak) * rollback_time(sp) + k * draft;
-        if (tokens / cost > *rate * (best ? 1 : GAIN_MIN)) {
-            *rate = tokens / cost;
-            best = k;
-        }
+        rate[k] = tokens / (pass_time(sp, b + k + 1) + (1 - ak) * rollback_time(sp) + k * draft);
     }
+}
+
+/* The best number of drafts (up to kmax) from a source, and the rate it promises; drafting must beat a plain
+ * pass by GAIN_MIN. */
+static int best_k(const spec *sp, int src, int kmax, double *rate) {
+    double r[SPEC_DRAFT_MAX_LIMIT + 1];
+    draft_rates(sp, src, kmax, r);
+    int best = 0;
+    for (int k = 1; k <= kmax; k++)
+        if (r[k] > r[best] * (best ? 1 : GAIN_MIN)) best = k;
+    *rate = r[best];
     return best;
+}
+
+/* Pass times are measured only for the row counts chosen, so a count measured once on a slow pass would keep
+ * its length from ever being chosen again. Every EXPLORE_EVERY choices, the length next to the chosen k
+ * (alternately one longer and one shorter, a plain pass included) is taken instead: at most one row more or
+ * one draft less in one pass of EXPLORE_EVERY. */
+static int explore_k(spec *sp, int k, int kmax) {
+    if (++sp->n_chosen % EXPLORE_EVERY) return k;
+    return (sp->n_chosen / EXPLORE_EVERY) & 1 ? DF_MIN(k + 1, kmax) : k - 1;
 }
 
 /* Whether a one-token probe of src is due: its expected extra cost over a plain pass, spread over the passes
@@ -290,8 +308,8 @@ int spec_propose(spec *sp, df_session *target, int32_t next, int limit, int32_t 
         int kn = 0, km = 0, bn = len ? ngram_bucket(len) : -1;
         if (len) kn = best_k(sp, bn, avail, &rn);
         if (sp->deng) km = best_k(sp, SRC_MODEL, kmax, &rm);
-        if (kn && (!km || rn >= rm)) src = bn, k = kn;
-        else if (km) src = SRC_MODEL, k = km;
+        if (kn && (!km || rn >= rm)) src = bn, k = explore_k(sp, kn, avail);
+        else if (km) src = SRC_MODEL, k = explore_k(sp, km, kmax);
         else if (pass_time(sp, 1) > 0 && (len || sp->deng)) {
             int ps = bn >= 0 ? bn : SRC_MODEL;   /* probe the source more likely to be accepted */
             if (bn >= 0 && sp->deng && est_rate(&sp->est[SRC_MODEL]) > est_rate(&sp->est[bn])) ps = SRC_MODEL;
