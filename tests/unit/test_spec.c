@@ -349,22 +349,33 @@ static void test_bundled(void) {
 
 /* ---- the cost model, on simulated times --------------------------------------------------------------- */
 
-/* Passes that each have a long n-gram proposal, with simulated times: a pass costs 1 + slope per drafted
- * row, a rollback rb; drafts all accepted or all rejected. Plain decoding makes 1 token per unit of time. */
-static void test_cost_model(void) {
+/* A session holding hist[0..39), periodic, so that every pass has a long n-gram proposal (hist[39] next). */
+static int cost_fixture(df_engine **eng, df_session **s, int32_t *hist, const char *what) {
     df_engine_opts eo;
     ef_opts(&eo, "tests/fixtures/kl-fp32", NULL);
     eo.n_threads = 1;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
     df_error err = {0};
-    if (df_engine_open(&eng, &eo, &err) || df_session_init(&s, eng, &err)) {
-        CHECK(0, "cost model: fixture opens (%s)", err.msg);
-        return;
+    *eng = NULL;
+    *s = NULL;
+    for (int i = 0; i < 40; i++) hist[i] = 10 + i % 7;
+    if (df_engine_open(eng, &eo, &err) || df_session_init(s, *eng, &err) ||
+        df_session_eval(*s, hist, 39, NULL, 0, &err)) {
+        CHECK(0, "%s: fixture opens (%s)", what, err.msg);
+        df_session_free(*s);
+        df_engine_free(*eng);
+        return -1;
     }
+    return 0;
+}
+
+/* Passes with simulated times: a pass costs 1 + slope per drafted row, a rollback rb; drafts all accepted or
+ * all rejected. Plain decoding makes 1 token per unit of time. */
+static void test_cost_model(void) {
+    df_engine *eng;
+    df_session *s;
+    df_error err = {0};
     int32_t hist[40];
-    for (int i = 0; i < 40; i++) hist[i] = 10 + i % 7;   /* periodic: a long n-gram match every pass */
-    df_session_eval(s, hist, 39, NULL, 0, &err);
+    if (cost_fixture(&eng, &s, hist, "cost model")) return;
     struct {
         const char *what;
         double slope, rb;
@@ -410,19 +421,11 @@ static void test_cost_model(void) {
  * each row count from 3 up is three times as slow (a cold cache, another process): the cost model must not keep
  * that one measurement forever and stay with single drafts. */
 static void test_cost_model_outlier(void) {
-    df_engine_opts eo;
-    ef_opts(&eo, "tests/fixtures/kl-fp32", NULL);
-    eo.n_threads = 1;
-    df_engine *eng = NULL;
-    df_session *s = NULL;
+    df_engine *eng;
+    df_session *s;
     df_error err = {0};
-    if (df_engine_open(&eng, &eo, &err) || df_session_init(&s, eng, &err)) {
-        CHECK(0, "cost model, slow first pass: fixture opens (%s)", err.msg);
-        return;
-    }
     int32_t hist[40];
-    for (int i = 0; i < 40; i++) hist[i] = 10 + i % 7;
-    df_session_eval(s, hist, 39, NULL, 0, &err);
+    if (cost_fixture(&eng, &s, hist, "cost model, slow first pass")) return;
     spec_opts so;
     spec_opts_default(&so);
     spec *sp = NULL;
