@@ -21,7 +21,12 @@ uses DeepSeek's auxiliary-loss-free rule: after each step every MoE layer's e_sc
 BIAS_RATE towards under-used experts.  Then the routed experts are rounded to MXFP4 (per 32 inputs a power-of-two
 scale, the E2M1 code nearest to each weight; of the two scales that fit the block's largest value the one with
 the smaller squared error), the rest is fine-tuned with the experts frozen at their MXFP4 values, and the
-non-expert weights are rounded to BF16 — the model evaluated last is bit for bit the one written."""
+non-expert weights are rounded to BF16 — the model evaluated last is bit for bit the one written.
+
+Distillation (`--teacher DIR`, the draft model of models/draft): the loss is the KL divergence from the teacher's
+next-token distribution instead of the cross-entropy on the text, half of every batch can be windows ending in the
+teacher's own greedy continuation (`--teacher-gen N`), and early stopping keeps the step whose argmax agrees with
+the teacher's most often on the validation text."""
 import argparse
 import copy
 import json
