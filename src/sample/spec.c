@@ -207,32 +207,26 @@ static double pass_time(const spec *sp, int r) {
     return r < b ? DF_MAX(t, tb * r / b) : t;
 }
 
-/* Until a rollback was measured it is assumed free: within the session's rollback record (which covers every
- * draft length) it reads no weights, and the first one measured corrects the guess. */
+/* Until a rollback was measured it is assumed free: within the session's rollback record it reads no weights,
+ * and the first one measured corrects the guess. */
 static double rollback_time(const spec *sp) { return sp->n_rollback ? sp->t_rollback : 0; }
 
-/* The tokens per second that k drafts (0..kmax) from a source promise, into rate[k]. The pass also carries
- * the shared rows of other streams, one token each, whose pace counts as much as this one's. */
-static void draft_rates(const spec *sp, int src, int kmax, double *rate) {
-    double a = est_rate(&sp->est[src]), draft = src == SRC_MODEL ? sp->t_draft_tok : 0, ak = 1;
-    int b = sp->shared;
-    rate[0] = (b + 1) / pass_time(sp, b + 1);
+/* The best number of drafts (up to kmax) from a source, and the tokens per second it promises. The pass
+ * also carries the shared rows of other streams, one token each, whose pace counts as much as this one's. */
+static int best_k(const spec *sp, int src, int kmax, double *rate) {
+    double a = est_rate(&sp->est[src]), draft = src == SRC_MODEL ? sp->t_draft_tok : 0;
+    int best = 0, b = sp->shared;
+    *rate = (b + 1) / pass_time(sp, b + 1);
+    double ak = 1;
     for (int k = 1; k <= kmax; k++) {
         ak *= a;
         double tokens = b + (a < 1 ? (1 - ak * a) / (1 - a) : k + 1);
-        rate[k] = tokens / (pass_time(sp, b + k + 1) + (1 - ak) * rollback_time(sp) + k * draft);
+        double cost = pass_time(sp, b + k + 1) + (1 - ak) * rollback_time(sp) + k * draft;
+        if (tokens / cost > *rate * (best ? 1 : GAIN_MIN)) {
+            *rate = tokens / cost;
+            best = k;
+        }
     }
-}
-
-/* The best number of drafts (up to kmax) from a source, and the rate it promises; drafting must beat a plain
- * pass by GAIN_MIN. */
-static int best_k(const spec *sp, int src, int kmax, double *rate) {
-    double r[SPEC_DRAFT_MAX_LIMIT + 1];
-    draft_rates(sp, src, kmax, r);
-    int best = 0;
-    for (int k = 1; k <= kmax; k++)
-        if (r[k] > r[best] * (best ? 1 : GAIN_MIN)) best = k;
-    *rate = r[best];
     return best;
 }
 
