@@ -310,16 +310,15 @@ def teacher_check(teacher, folder):
     return f"{same}/{total}"
 
 
-def teacher_windows(teacher, train_ids, n, g, gen):
-    """n training windows of SEQ + 1 tokens whose last g tokens are the teacher's greedy continuation of the
-    text before them: the contexts a draft model meets while the target model writes."""
+def teacher_windows(teacher, windows, n, g):
+    """n training windows (windows(k) draws k of SEQ + 1 tokens) whose last g tokens are the teacher's greedy
+    continuation of the text before them: the contexts a draft model meets while the target model writes."""
     import torch
 
-    dev, out = train_ids.device, []
+    out = []
     with torch.no_grad():
         for i in range(0, n, 128):
-            starts = torch.randint(0, len(train_ids) - SEQ - 1, (min(128, n - i),), generator=gen).to(dev)
-            w = train_ids[starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]].clone()
+            w = windows(min(128, n - i)).clone()
             p = SEQ + 1 - g
             o = teacher(input_ids=w[:, :p], use_cache=True)     # then one cached step per token
             while True:
@@ -447,6 +446,10 @@ def run(args):
     gen = torch.Generator(device="cpu").manual_seed(1234)
     train_ids = ids["train"].to(dev)
 
+    def windows(n):
+        starts = torch.randint(0, len(train_ids) - SEQ - 1, (n,), generator=gen).to(dev)
+        return train_ids[starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]]
+
     teacher, gen_ids = None, None
     if args.teacher:
         teacher = load_teacher(args.teacher, dev)
@@ -455,7 +458,7 @@ def run(args):
         if args.teacher_gen:
             t0 = time.time()
             try:
-                gen_ids = teacher_windows(teacher, train_ids, args.teacher_gen, args.gen_tokens, gen)
+                gen_ids = teacher_windows(teacher, windows, args.teacher_gen, args.gen_tokens)
             except Exception as e:  # noqa: BLE001
                 log("teacher windows failed, distilling on the text alone:", repr(e)[:300])
                 args.teacher_gen = 0
@@ -463,14 +466,12 @@ def run(args):
                                       "seconds": round(time.time() - t0, 1)})
             log("teacher windows:", report["teacher"])
 
-    def windows(n):
-        starts = torch.randint(0, len(train_ids) - SEQ - 1, (n,), generator=gen).to(dev)
-        return train_ids[starts[:, None] + torch.arange(SEQ + 1, device=dev)[None, :]]
-
     def batch(bs):
-        w = windows(bs - bs // 2) if gen_ids is not None else windows(bs)
-        if gen_ids is not None:
-            w = torch.cat([w, gen_ids[torch.randint(0, len(gen_ids), (bs // 2,), generator=gen).to(dev)]])
+        if gen_ids is None:
+            w = windows(bs)
+        else:
+            pick = torch.randint(0, len(gen_ids), (bs // 2,), generator=gen).to(dev)
+            w = torch.cat([windows(bs - bs // 2), gen_ids[pick]])
         return w[:, :-1], w[:, 1:]
 
     def teacher_logp(x):
