@@ -119,12 +119,11 @@ void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64
     if (s->rec_valid) {
         state_copy(m, snap, s);
         state_rewind(m, snap, pos);
-        snap->rec_valid = 0;
-        return;
+    } else {
+        for (int i = 0; i < c->n_layers; i++)
+            if (!s->layers[i].S) mla_copy_prefix(c, &snap->layers[i], &s->layers[i], pos);
+        snap->pos = pos;
     }
-    for (int i = 0; i < c->n_layers; i++)
-        if (!s->layers[i].S) mla_copy_prefix(c, &snap->layers[i], &s->layers[i], pos);
-    snap->pos = pos;
     snap->rec_valid = 0;
 }
 

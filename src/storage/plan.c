@@ -136,7 +136,7 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
         for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[st->n_layers + 1 + j]));
     }
     *out = u;
-    *n_units = st->n_layers + 1 + (h ? st->head.n : 0);   /* tiles as large as the largest layer: fewer */
+    *n_units = st->n_layers + 1 + (h ? st->head.n : 0);   /* re-tiled to the largest layer: at most n */
     return need + 2 * big;
 }
 
