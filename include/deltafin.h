@@ -84,6 +84,9 @@ typedef struct df_engine_opts {
                                  cache from it in the background on open; DF_HEAT_READ: show it only; 0 = off */
     int64_t head_tile_rows;   /* > 0: stream the spine with lm_head read in tiles of this many rows even when it would
                                  fit (tests; a tight budget tiles lm_head by itself) */
+    int64_t spine_part_bytes; /* > 0: stream every layer's spine in parts of about this many bytes (whole tensors)
+                                 even when it would fit (tests; a budget too small for two whole layers streams them
+                                 in parts by itself) */
     const char *expert_dirs;  /* "A,B": where `deltafin place` put the experts, when the folders moved; the
                                  placement in DIR/.deltafin is used without it */
     int64_t ctx_tokens;       /* > 0: the budget holds one session's state (recurrent states, attention cache,
@@ -213,6 +216,7 @@ typedef struct df_stats {
                                                           how many of them the guess named (recall) */
     uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
     int head_tiles;                        /* lm_head streamed in this many row tiles (0: in memory whole) */
+    int split_layers;                      /* streamed layers read in parts, a few tensors at a time */
     uint64_t rollback_replays, rollback_reevals;       /* df_session_truncate calls served from the rollback
                                                           record / by evaluating the history again */
 } df_stats;

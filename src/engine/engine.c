@@ -14,11 +14,12 @@ void df_engine_opts_default(df_engine_opts *o) {
 }
 
 /* The largest row count in 16..4096, and no more than a context, whose scratch fits the working reserve
- * (scratch grows with rows). */
+ * (scratch grows with rows). With layers read in parts, no more than one block of rows, so that a pass uses
+ * each matrix once and reads each part once. */
 static int engine_fit_pass_rows(const df_engine *e) {
     store_stats ss;
     store_get_stats(e->store, &ss);
-    int lo = 16, hi = (int)DF_MAX(16, DF_MIN(4096, e->model.cfg.max_ctx));
+    int lo = 16, hi = (int)DF_MAX(16, DF_MIN(ss.split_layers ? MODEL_BLOCK_ROWS : 4096, e->model.cfg.max_ctx));
     while (lo < hi) {
         int mid = (lo + hi + 1) / 2;
         if (model_scratch_bytes(&e->model, mid) <= ss.reserve_bytes) lo = mid;
@@ -56,7 +57,9 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                      .io_threads = opts->io_threads, .remote_url = opts->remote_url, .io_kind = opts->io_kind,
                      .spine = opts->spine, .lookahead = opts->lookahead,
                      .cache_policy = opts->cache_policy, .trace_routing = opts->trace_routing, .heat = opts->heat,
-                     .head_tile_rows = opts->head_tile_rows, .expert_dirs = opts->expert_dirs};
+                     .head_tile_rows = opts->head_tile_rows,
+                     .spine_part_bytes = opts->spine_part_bytes > 0 ? (uint64_t)opts->spine_part_bytes : 0,
+                     .expert_dirs = opts->expert_dirs};
     if (opts->ctx_tokens > 0) engine_state_share(opts, &so);
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
@@ -470,6 +473,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->lookahead_recalled = ss.lookahead_recalled;
     out->warm_loads = ss.warm_loads;
     out->head_tiles = ss.head_tiles;
+    out->split_layers = ss.split_layers;
 }
 
 void df_engine_lookahead_layer(const df_engine *e, int layer, df_layer_lookahead *out) {

@@ -232,6 +232,13 @@ typedef struct {
     float *norm;    /* [T, d] */
 } fwd_scratch;
 
+int fwd_need(df_fwd *f, const df_tensor *w) {
+    double t0 = df_now();
+    int rc = store_layer_need(f->m->store, f->L, w, f->err);
+    model_clock(&f->m->prof.spine_read, t0);
+    return rc;
+}
+
 static void rms_rows(df_fwd *f, const float *w, const float *x, int T, float *out) {
     int d = f->m->cfg.d;
     for (int t = 0; t < T; t++) kern_rmsnorm(out + (int64_t)t * d, x + (int64_t)t * d, w, d, f->m->cfg.eps);
@@ -241,14 +248,15 @@ static void rms_rows(df_fwd *f, const float *w, const float *x, int T, float *ou
 typedef struct {
     fwd_seg *seg;
     int n;
-    int mixed;      /* layers whose mixer has changed the states (a failed mixer changes nothing) */
+    int mixed;      /* layers whose mixer has changed the states (a failed MLA mixer changes nothing) */
+    int torn;       /* a KDA mixer failed part-way (reading a part of its layer): its states are lost */
 } pass_segs;
 
 /* Rows a mixer takes at once. KDA and MLA run each session's rows in order, carrying their state from row to
  * row, so a pass cut into blocks computes what passes of those blocks would (bit for bit with kernels whose
  * sums do not depend on the row count); blocks bound the mixers' per-row projections (6 x 12,288 floats a
  * row for K3's KDA), which would otherwise set how long a prompt one pass (one read of each expert) can take. */
-#define MIXER_BLOCK_ROWS 256
+#define MIXER_BLOCK_ROWS MODEL_BLOCK_ROWS
 
 static int mixer_run(df_fwd *f, const fwd_seg *seg, int n, const float *xn, int T, float *out) {
     if (f->m->cfg.mixer[f->layer] == MIXER_KDA) return kda_forward(f, seg, n, xn, T, out);
@@ -287,6 +295,7 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
     }
     scratch_release(f->sc, mark);
     if (!rc) ps->mixed = f->layer + 1;
+    else if (kda) ps->torn = 1;
     return rc;
 }
 
@@ -442,7 +451,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
     if (rc) return rc;
     double t_start = df_now();
     scratch *sa = &m->sc;
-    pass_segs ps = {SCRATCH_NEW(sa, fwd_seg, n_seg), n_seg, 0};
+    pass_segs ps = {.seg = SCRATCH_NEW(sa, fwd_seg, n_seg), .n = n_seg};
     int T = 0;
     for (int j = 0; j < n_seg; j++) {
         int record = state_records(seg[j].s, seg[j].T);
@@ -462,12 +471,13 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         h = SCRATCH_F32(sa, n);
     }
     for (int i = 0; !rc && i < c->n_layers; i++) {
-        df_fwd f = {m, &m->w.layers[i], i, sa, err};
+        df_fwd f = {.m = m, .w = &m->w.layers[i], .layer = i, .sc = sa, .err = err};
         const df_store_layer *L;
         double t0 = df_now();
         rc = store_layer_acquire(m->store, i, &L, err);
         model_clock(&m->prof.spine_read, t0);
         if (rc) break;
+        f.L = L;
         rc = c->attn_res_block ? layer_attnres(&f, &ps, &ar, T, &sc, h) : layer_plain(&f, &ps, h, T, &sc);
         store_layer_release(m->store, L);
         if (!rc) rc = pass_step(&ps, i, c->n_layers, err);
@@ -484,7 +494,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
             s->rec_T = seg[j].T;
             s->rec_pos0 = s->pos;
             s->pos += seg[j].T;
-        } else if (recorded || !ps.mixed) {
+        } else if (!ps.torn && (recorded || !ps.mixed)) {
             /* Put back as before the pass: the KDA layers from the record's start, MLA by position. */
             for (int i = 0; i < ps.mixed; i++)
                 if (s->layers[i].S) kda_rewind(m, &s->layers[i], seg[j].T, 0);
@@ -550,10 +560,8 @@ void model_free(df_model *m) {
 
 int model_check(df_model *m, df_error *err) {
     for (int i = 0; i < m->cfg.n_layers; i++) {
-        const df_store_layer *L;
-        int rc = store_layer_acquire(m->store, i, &L, err);
+        int rc = store_layer_check(m->store, i, err);
         if (rc) return rc;
-        store_layer_release(m->store, L);
     }
     return DF_OK;
 }

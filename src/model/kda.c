@@ -176,6 +176,12 @@ size_t kda_scratch_bytes(const df_config *c, int T, int n_threads) {
            scratch_size(T, sizeof(kda_recur_job)) + scratch_size((size_t)n_threads * k.D, sizeof(float));
 }
 
+/* A part of the layer could not be read: the states may be half-updated (the pass marks them lost). */
+static int kda_fail(df_fwd *f, size_t mark, int rc) {
+    scratch_release(f->sc, mark);
+    return rc;
+}
+
 int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     kda_dims k = kda_dims_of(c);
@@ -185,11 +191,14 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     int64_t TP = (int64_t)T * k.P;
     float *pre[3], *act[3];
     const df_tensor *proj[3] = {w->q, w->k, w->v};
-    for (int i = 0; i < 3; i++) {
+    int rc = DF_OK;
+    for (int i = 0; !rc && i < 3; i++) {
         pre[i] = SCRATCH_F32(f->sc, TP);
         act[i] = SCRATCH_F32(f->sc, TP);
-        kern_matmul(kc, proj[i], x, T, pre[i]);
+        rc = fwd_need(f, proj[i]);
+        if (!rc) kern_matmul(kc, proj[i], x, T, pre[i]);
     }
+    if (rc) return kda_fail(f, mark, rc);
     kda_record *rec = scratch_zalloc(f->sc, (size_t)n_seg * sizeof *rec);
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
@@ -204,12 +213,15 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     }
 
     float *fa = SCRATCH_F32(f->sc, (int64_t)T * k.D), *g = pre[0];     /* reuse pre[0] for the gate */
+    if ((rc = fwd_need(f, w->fa))) return kda_fail(f, mark, rc);
     kern_matmul(kc, w->fa, x, T, fa);
+    if ((rc = fwd_need(f, w->fb))) return kda_fail(f, mark, rc);
     kern_matmul(kc, w->fb, fa, T, g);
     for (int64_t i = 0; i < TP; i++) g[i] += w->dt_bias[i % k.P];
     kda_gate(c, &k, w->alog, f->m->alog_per_channel, g, T);
 
     float *beta = SCRATCH_F32(f->sc, (int64_t)T * k.H);
+    if ((rc = fwd_need(f, w->b))) return kda_fail(f, mark, rc);
     kern_matmul(kc, w->b, x, T, beta);
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) beta[i] = kern_sigmoid(beta[i]);
     l2norm_heads(act[0], T, &k, 1.0f / sqrtf((float)k.D));
@@ -235,9 +247,12 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
 
     float *gate = pre[2];
     if (w->g) {
+        if ((rc = fwd_need(f, w->g))) return kda_fail(f, mark, rc);
         kern_matmul(kc, w->g, x, T, gate);
     } else {
+        if ((rc = fwd_need(f, w->ga))) return kda_fail(f, mark, rc);
         kern_matmul(kc, w->ga, x, T, fa);
+        if ((rc = fwd_need(f, w->gb))) return kda_fail(f, mark, rc);
         kern_matmul(kc, w->gb, fa, T, gate);
     }
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) {   /* gated RMSNorm per head, fp32 */
@@ -245,6 +260,7 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
         kern_rmsnorm(oh, oh, w->onorm, k.D, c->eps);
         for (int j = 0; j < k.D; j++) oh[j] *= kern_sigmoid(gate[i * k.D + j]);
     }
+    if ((rc = fwd_need(f, w->o))) return kda_fail(f, mark, rc);
     kern_matmul(kc, w->o, o, T, out);
     scratch_release(f->sc, mark);
     return DF_OK;

@@ -22,7 +22,13 @@ typedef struct df_fwd {
     int layer;
     scratch *sc;               /* &m->sc */
     df_error *err;
+    const df_store_layer *L;   /* the acquired layer (its spine) */
 } df_fwd;
+
+/* Makes one of this layer's matrices usable (store_layer_need: a layer streamed in parts swaps in the part
+ * holding it); called right before each use, in the order the mixers and FFNs use them. The wait counts as
+ * spine reading. */
+int fwd_need(df_fwd *f, const df_tensor *w);
 
 /* Mixers and FFNs: x/out are [T, d] (all rows of the pass); out is overwritten. The mixers run each of
  * the n_seg sessions of the pass on its own layer state. Scratch taken from f->sc is released on return. */

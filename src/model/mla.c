@@ -12,28 +12,31 @@
 #define MLA_LATENT_EPS 1e-6f   /* q_a_layernorm / kv_a_layernorm use the RMSNorm default */
 
 /* q[T, H*(Nn+Nr)] from the normed input. */
-static void mla_query(df_fwd *f, const mla_weights *w, const float *x, int T, float *q) {
+static int mla_query(df_fwd *f, const mla_weights *w, const float *x, int T, float *q) {
     const df_config *c = &f->m->cfg;
+    int rc;
     if (!c->q_lora) {
-        kern_matmul(f->m->kern, w->q, x, T, q);
-        return;
+        if (!(rc = fwd_need(f, w->q))) kern_matmul(f->m->kern, w->q, x, T, q);
+        return rc;
     }
     size_t mark = scratch_mark(f->sc);
     float *qa = SCRATCH_F32(f->sc, (int64_t)T * c->q_lora);
-    kern_matmul(f->m->kern, w->qa, x, T, qa);
-    for (int t = 0; t < T; t++) {
+    if (!(rc = fwd_need(f, w->qa))) kern_matmul(f->m->kern, w->qa, x, T, qa);
+    for (int t = 0; !rc && t < T; t++) {
         float *row = qa + (int64_t)t * c->q_lora;
         kern_rmsnorm(row, row, w->qa_norm, c->q_lora, MLA_LATENT_EPS);
     }
-    kern_matmul(f->m->kern, w->qb, qa, T, q);
+    if (!rc && !(rc = fwd_need(f, w->qb))) kern_matmul(f->m->kern, w->qb, qa, T, q);
     scratch_release(f->sc, mark);
+    return rc;
 }
 
 /* Appends the latents of each session's new rows to its cache at its position. */
-static void mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg, int n_seg, const float *x,
-                             int T) {
+static int mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg, int n_seg, const float *x,
+                            int T) {
     const df_config *c = &f->m->cfg;
-    int Lc = c->kv_lora, Nr = c->rope;
+    int Lc = c->kv_lora, Nr = c->rope, rc = fwd_need(f, w->kva);
+    if (rc) return rc;
     size_t mark = scratch_mark(f->sc);
     float *kv = SCRATCH_F32(f->sc, (int64_t)T * (Lc + Nr));
     kern_matmul(f->m->kern, w->kva, x, T, kv);
@@ -47,6 +50,7 @@ static void mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg
         }
     }
     scratch_release(f->sc, mark);
+    return DF_OK;
 }
 
 /* Per pool thread: the buffers of one head's attention for up to T rows and S positions. */
@@ -111,8 +115,13 @@ int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     int64_t H = c->mla_heads, Ov = H * c->vdim, Oq = H * (c->nope + c->rope);
     float *q = SCRATCH_F32(f->sc, (int64_t)T * Oq);
     float *o = SCRATCH_F32(f->sc, (int64_t)T * Ov);
-    mla_query(f, w, x, T, q);
-    mla_cache_append(f, w, seg, n_seg, x, T);
+    int rc = mla_query(f, w, x, T, q);   /* on failure the caches are cut back by position */
+    if (!rc) rc = mla_cache_append(f, w, seg, n_seg, x, T);
+    if (!rc) rc = fwd_need(f, w->kvb);
+    if (rc) {
+        scratch_release(f->sc, mark);
+        return rc;
+    }
     int Tmax = 0;
     int64_t Smax = 0;
     for (int j = 0; j < n_seg; j++) {
@@ -128,14 +137,14 @@ int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     double t0 = df_now();
     kern_parallel_for_t(f->m->kern, n_seg * (int)H, mla_head_task, jobs);
     model_clock(&f->m->prof.attention, t0);
-    if (w->g) {
+    if (w->g && !(rc = fwd_need(f, w->g))) {
         float *g = SCRATCH_F32(f->sc, (int64_t)T * Ov);
         kern_matmul(f->m->kern, w->g, x, T, g);
         for (int64_t i = 0; i < (int64_t)T * Ov; i++) o[i] *= kern_sigmoid(g[i]);
     }
-    kern_matmul(f->m->kern, w->o, o, T, out);
+    if (!rc && !(rc = fwd_need(f, w->o))) kern_matmul(f->m->kern, w->o, o, T, out);
     scratch_release(f->sc, mark);
-    return DF_OK;
+    return rc;
 }
 
 size_t mla_scratch_bytes(const df_config *c, int T, int n_threads, int64_t S) {

@@ -31,6 +31,10 @@ void model_free(df_model *m);
 size_t model_scratch_bytes(const df_model *m, int T);
 #define MODEL_SCORE_POSITIONS 8192
 
+/* Rows the mixers and GLUs take at once (a longer pass runs them block by block, using each matrix once per
+ * block): a pass of at most this many rows uses each weight matrix once. */
+#define MODEL_BLOCK_ROWS 256
+
 /* Adds the seconds since *t0 to a phase and restarts the clock. */
 double model_clock(double *phase, double t0);
 

@@ -17,31 +17,38 @@ static void glu_act(const df_config *c, float *g, const float *u, int64_t n) {
 /* Rows a GLU takes at once, so that a long prompt through a wide dense layer does not need [rows, inter]
  * intermediates that dwarf its activations. A block is a product of fewer rows, as a shorter pass would take:
  * bit-identical with kernels whose sums do not depend on the row count (test_batch). */
-#define GLU_BLOCK_ROWS 256
+#define GLU_BLOCK_ROWS MODEL_BLOCK_ROWS
 
 size_t glu_scratch_bytes(int inter, int T) {
     return 2 * scratch_size((size_t)DF_MIN(T, GLU_BLOCK_ROWS) * inter, sizeof(float));
 }
 
-/* out[T, dout] = down(act(gate(x)) * up(x)); gate/up [inter, din], down [dout, inter]. */
-static void glu_apply(df_fwd *f, const df_tensor *gate, const df_tensor *up, const df_tensor *down, int inter,
-                      const float *x, int T, float *out) {
+/* Before a spine matrix's use (fwd_need); routed experts' matrices are in memory already. */
+static int glu_need(df_fwd *f, int spine, const df_tensor *w) { return spine ? fwd_need(f, w) : DF_OK; }
+
+/* out[T, dout] = down(act(gate(x)) * up(x)); gate/up [inter, din], down [dout, inter]. spine: the matrices are
+ * the layer's (dense FFN, shared experts), not a routed expert's. */
+static int glu_apply(df_fwd *f, int spine, const df_tensor *gate, const df_tensor *up, const df_tensor *down,
+                     int inter, const float *x, int T, float *out) {
     size_t mark = scratch_mark(f->sc);
-    int B = DF_MIN(T, GLU_BLOCK_ROWS);
+    int B = DF_MIN(T, GLU_BLOCK_ROWS), rc = DF_OK;
     float *g = SCRATCH_F32(f->sc, (int64_t)B * inter), *u = SCRATCH_F32(f->sc, (int64_t)B * inter);
-    for (int t0 = 0; t0 < T; t0 += B) {
+    for (int t0 = 0; !rc && t0 < T; t0 += B) {
         int n = DF_MIN(B, T - t0);
+        if ((rc = glu_need(f, spine, gate))) break;
         kern_matmul(f->m->kern, gate, x + (int64_t)t0 * gate->shape[1], n, g);
+        if ((rc = glu_need(f, spine, up))) break;
         kern_matmul(f->m->kern, up, x + (int64_t)t0 * up->shape[1], n, u);
         glu_act(&f->m->cfg, g, u, (int64_t)n * inter);
+        if ((rc = glu_need(f, spine, down))) break;
         kern_matmul(f->m->kern, down, g, n, out + (int64_t)t0 * down->shape[0]);
     }
     scratch_release(f->sc, mark);
+    return rc;
 }
 
 int ffn_dense_forward(df_fwd *f, const glu_weights *g, const float *x, int T, float *out) {
-    glu_apply(f, g->gate, g->up, g->down, g->inter, x, T, out);
-    return DF_OK;
+    return glu_apply(f, 1, g->gate, g->up, g->down, g->inter, x, T, out);
 }
 
 /* ---- routing ------------------------------------------------------------------------------------- */
@@ -192,7 +199,7 @@ static int expert_run(df_fwd *f, const df_expert *ex, expert_part *p, const floa
     size_t mark = scratch_mark(f->sc);
     float *xg = SCRATCH_F32(f->sc, (int64_t)p->n * Dz);
     for (int i = 0; i < p->n; i++) memcpy(xg + (int64_t)i * Dz, z + (int64_t)p->rows[i] * Dz, Dz * sizeof(float));
-    glu_apply(f, &ex->w1, &ex->w3, &ex->w2, c->moe_inter, xg, p->n, p->out);
+    glu_apply(f, 0, &ex->w1, &ex->w3, &ex->w2, c->moe_inter, xg, p->n, p->out);
     for (int i = 0; i < p->n; i++)
         for (int j = 0; j < Dz; j++) p->out[(int64_t)i * Dz + j] *= p->w[i];
     scratch_release(f->sc, mark);
@@ -281,10 +288,12 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
     int Dz = config_expert_dim(c);
+    int rc = fwd_need(f, w->gate);
+    if (rc) return rc;
     size_t mark = scratch_mark(f->sc);
     df_routing r;
     route_batch(f, w, x, T, &r);
-    int rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
+    rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
     int guessed = 0;
     if (!rc) guessed = moe_lookahead(f, x, T);
     float *z = NULL, *y = NULL, *sh = NULL;
@@ -292,7 +301,7 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
         sh = SCRATCH_F32(f->sc, (int64_t)T * c->d);
         rc = ffn_dense_forward(f, &w->shared, x, T, sh);
     }
-    if (!rc && w->latent_down) {
+    if (!rc && w->latent_down && !(rc = fwd_need(f, w->latent_down))) {
         z = SCRATCH_F32(f->sc, (int64_t)T * Dz);
         kern_matmul(f->m->kern, w->latent_down, x, T, z);
     }
@@ -301,7 +310,7 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
         rc = experts_apply(f, &r, z ? z : x, T, y);
     }
     if (!rc && !guessed) moe_lookahead(f, x, T);   /* the next layer's spine may have arrived meanwhile */
-    if (!rc && w->latent_up) {
+    if (!rc && w->latent_up && !(rc = fwd_need(f, w->latent_up))) {
         for (int t = 0; w->latent_norm && t < T; t++)
             kern_rmsnorm(y + (int64_t)t * Dz, y + (int64_t)t * Dz, w->latent_norm, Dz, c->eps);
         kern_matmul(f->m->kern, w->latent_up, y, T, out);

@@ -99,9 +99,12 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
     } else {
         store_printf(b, "\n  spine resident: ");
         store_print_bytes(b, spine_resident_bytes(st->spine));
-        store_printf(b, "\n  spine streamed: %d layers through two buffers of ", spine_streamed_units(st->spine) -
-                     (st->head_tiled ? st->head.n : 0));
+        store_printf(b, "\n  spine streamed: %d layers through two buffers of ", st->streamed_layers);
         store_print_bytes(b, spine_stream_bytes(st->spine) / 2);
+        if (st->split_layers)
+            store_printf(b, "\n  %d of them read in %d parts (a few tensors at a time, in the order they are used)",
+                         st->split_layers, spine_streamed_units(st->spine) - (st->head_tiled ? st->head.n : 0) -
+                                               (st->streamed_layers - st->split_layers));
         store_printf(b, "\n  embedding: rows read on demand from the file mapping (not resident)");
         if (st->head_tiled)
             store_printf(b, "\n  lm_head: streamed in %d tiles of %lld rows through the same buffers", st->head.n,
@@ -118,7 +121,7 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
     }
     store_printf(b, "\n  smallest budget this model runs in: ");
     store_print_bytes(b, st->min_budget);
-    store_printf(b, " (every layer streamed, lm_head tiled, %llu expert slots)\n", (unsigned long long)st->min_slots);
+    store_printf(b, " (every layer streamed in parts, lm_head tiled, %llu expert slots)\n", (unsigned long long)st->min_slots);
 }
 
 void store_describe(const df_store *st, char *buf, size_t cap) {

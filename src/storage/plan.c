@@ -13,40 +13,77 @@
 #include "policy.h"
 
 /* The memory plan: working reserve, then the spine (mapped if it all fits, else top-level tensors and the
- * biggest layers resident and the rest streamed through two buffers), then expert slots. */
+ * biggest layers resident and the rest streamed through two buffers, whole or in parts), then expert slots. */
 
-static int store_item_region(const store_item *items, const int *region, int i) {
-    for (int j = 0; j < i; j++)
-        if (items[j].ref.t == items[i].ref.t) return region[j];
-    return -1;
+/* The order the model uses a layer's matrices in (mixer, then FFN: see kda.c, mla.c, moe.c), so that a layer
+ * streamed in parts reads each part once per pass. Anything else (vectors, copied at bind) comes first. */
+static const tensor_kind store_use_order[] = {
+    TN_ATTN_Q, TN_MLA_Q_A, TN_MLA_Q_B, TN_ATTN_K, TN_ATTN_V, TN_MLA_KV_A, TN_MLA_KV_B, TN_KDA_F_A, TN_KDA_F_B,
+    TN_KDA_B, TN_ATTN_G, TN_KDA_G_A, TN_KDA_G_B, TN_ATTN_O, TN_FFN_GATE, TN_FFN_UP, TN_FFN_DOWN, TN_MOE_ROUTER,
+    TN_SHARED_GATE, TN_SHARED_UP, TN_SHARED_DOWN, TN_LATENT_DOWN, TN_LATENT_UP};
+
+static int store_use_rank(const char *key) {
+    for (size_t k = 0; k < sizeof store_use_order / sizeof *store_use_order; k++)
+        if (!strcmp(key, tensor_name_suffix(store_use_order[k]))) return (int)k + 1;
+    return 0;
 }
 
-/* Builds the spine unit of a layer (or, with layer == n_layers, of the globals but the embedding). */
-static void store_unit_init(df_store *st, int layer, spine_unit *u) {
-    int n = layer < st->n_layers ? st->layers[layer].n : st->n_globals;
-    store_item *items = layer < st->n_layers ? st->layers[layer].items : st->globals;
-    int *region = xmalloc(sizeof *region * (size_t)(n + 1));
-    u->r = xcalloc((size_t)n + 1, sizeof *u->r);
-    for (int i = 0; i < n; i++) {
-        region[i] = -1;
-        if (layer == st->n_layers && !strcmp(items[i].key, tensor_name_suffix(TN_EMBED))) continue;
-        if (layer == st->n_layers && st->head_tiled && !strcmp(items[i].key, tensor_name_suffix(TN_LM_HEAD)))
-            continue;
-        region[i] = store_item_region(items, region, i);
+/* Whether the globals' unit leaves item i out: the embedding (rows read from the mapping) and a tiled lm_head. */
+static int store_global_skipped(const df_store *st, const store_item *it) {
+    return !strcmp(it->key, tensor_name_suffix(TN_EMBED)) ||
+           (st->head_tiled && !strcmp(it->key, tensor_name_suffix(TN_LM_HEAD)));
+}
+
+/* Builds the spine units of a layer (or, with layer == n_layers, the one unit of the globals): its tensors in
+ * the order they are used, a new unit starting wherever the next tensor would take one past cap bytes (one
+ * unit when cap is UINT64_MAX). u has room for one unit per tensor; returns the units written. */
+static int store_layer_units(df_store *st, int layer, uint64_t cap, spine_unit *u) {
+    int glob = layer == st->n_layers, n = glob ? st->n_globals : st->layers[layer].n;
+    store_item *items = glob ? st->globals : st->layers[layer].items;
+    int *region = xmalloc(sizeof *region * (size_t)(n + 1)), *part = xmalloc(sizeof *part * (size_t)(n + 1));
+    int *order = xmalloc(sizeof *order * (size_t)(n + 1)), n_units = 0;
+    for (int i = 0, k = 0; k <= (int)(sizeof store_use_order / sizeof *store_use_order); k++)
+        for (int j = 0; j < n; j++)
+            if (store_use_rank(items[j].key) == k) order[i++] = j;
+    for (int i = 0; i < n; i++) region[i] = part[i] = -1;
+    for (int o = 0; o < n; o++) {
+        int i = order[o];
+        if (glob && store_global_skipped(st, &items[i])) continue;
+        for (int j = 0; j < n && region[i] < 0; j++)   /* the same bytes under another key */
+            if (j != i && region[j] >= 0 && items[j].ref.t == items[i].ref.t) region[i] = region[j], part[i] = part[j];
         if (region[i] >= 0) continue;
         store_ref r = items[i].ref;
-        region[i] = u->n;
-        u->r[u->n++] = (spine_region){r.shard, store_ref_offset(st, r), r.t->end - r.t->begin, r.t->elem_size, 0};
+        spine_region reg = {r.shard, store_ref_offset(st, r), r.t->end - r.t->begin, r.t->elem_size, 0};
+        spine_unit *cur = n_units ? &u[n_units - 1] : NULL;
+        if (!cur || (cur->n && spine_unit_bytes(cur) + spine_unit_bytes(&(spine_unit){.n = 1, .r = &reg}) > cap)) {
+            cur = &u[n_units++];
+            *cur = (spine_unit){.r = xcalloc((size_t)n + 1, sizeof *cur->r)};
+        }
+        region[i] = cur->n;
+        part[i] = n_units - 1;
+        cur->r[cur->n++] = reg;
     }
-    if (layer < st->n_layers) {
-        snprintf(u->name, sizeof u->name, "layer %d", layer);
-        free(st->layers[layer].region);
-        st->layers[layer].region = region;
-    } else {
-        snprintf(u->name, sizeof u->name, "the top-level tensors");
+    if (!n_units) u[n_units++] = (spine_unit){.r = xcalloc(1, sizeof *u->r)};
+    for (int k = 0; k < n_units; k++) {
+        if (glob) snprintf(u[k].name, sizeof u[k].name, "the top-level tensors");
+        else if (n_units == 1) snprintf(u[k].name, sizeof u[k].name, "layer %d", layer);
+        else snprintf(u[k].name, sizeof u[k].name, "layer %d part %d of %d", layer, k + 1, n_units);
+    }
+    free(order);
+    if (glob) {
+        free(part);
         free(st->global_region);
         st->global_region = region;
+    } else {
+        df_store_layer *l = &st->layers[layer];
+        free(l->region);
+        free(l->part);
+        l->region = region;
+        l->part = part;
+        l->n_parts = n_units;
+        l->held = -1;
     }
+    return n_units;
 }
 
 static int store_cmp_size_desc(const void *a, const void *b) {
@@ -54,16 +91,16 @@ static int store_cmp_size_desc(const void *a, const void *b) {
     return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Chooses resident layers (largest first) so that resident + two stream buffers (of at least buf_floor bytes)
- * fit avail. */
-static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail, uint64_t buf_floor) {
+/* Chooses resident layers (largest first) so that resident + two stream buffers fit avail. A buffer takes the
+ * largest streamed layer, or with parts only a part: at least buf_floor bytes either way. */
+static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail, uint64_t buf_floor, int parts) {
     int n = st->n_layers;
     uint64_t (*by)[2] = xmalloc(sizeof *by * (size_t)(n + 1));
     for (int l = 0; l < n; l++) by[l][0] = spine_unit_bytes(&u[l]), by[l][1] = (uint64_t)l;
     qsort(by, (size_t)n, sizeof *by, store_cmp_size_desc);
     uint64_t used = 0, skipped_max = 0;
-    for (int j = 0; j < n && !st->opts.spine_stream; j++) {
-        uint64_t rest = DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
+    for (int j = 0; j < n && !st->opts.spine_stream && !st->opts.spine_part_bytes; j++) {
+        uint64_t rest = parts ? buf_floor : DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
         if (used + by[j][0] + 2 * rest <= avail) {
             used += by[j][0];
             u[by[j][1]].resident = 1;
@@ -107,49 +144,89 @@ static int store_head_tileable(const df_store *st) {
     return h && h->usable && !h->int8 && h->view.ndim == 2 && h->view.shape[0] >= 2;
 }
 
-/* Spine units for streaming: one per layer, the top-level tensors (resident, without the embedding, which
- * stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan needs
- * (reserve, resident spine, two stream buffers, the minimum cache). */
-static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, spine_unit **out,
-                                  int *n_units) {
+/* The largest tensor of any layer, as a spine unit's bytes: the smallest parts layers can be cut into. */
+static uint64_t store_largest_tensor(const df_store *st) {
+    uint64_t big = 0;
+    for (int l = 0; l < st->n_layers; l++)
+        for (int i = 0; i < st->layers[l].n; i++) {
+            store_ref r = st->layers[l].items[i].ref;
+            spine_region reg = {.off = store_ref_offset(st, r), .len = r.t->end - r.t->begin};
+            big = DF_MAX(big, spine_unit_bytes(&(spine_unit){.n = 1, .r = &reg}));
+        }
+    return big;
+}
+
+/* Spine units for streaming, in the order a pass uses them: each layer's (whole, or with part_cap > 0 a
+ * streamed layer's parts of about part_cap bytes), the top-level tensors (resident, without the embedding,
+ * which stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan
+ * needs (reserve, resident spine, two stream buffers, the minimum cache). */
+static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_cache, int tiled, uint64_t part_cap,
+                                  spine_unit **out, int *n_units) {
     const store_item *h = tiled && store_head_tileable(st)
                               ? store_find_item(st->globals, st->n_globals, tensor_name_suffix(TN_LM_HEAD)) : NULL;
     st->head_tiled = h != NULL;
     uint64_t row = h ? tensor_row_bytes(&h->view) : 0, floor = 0;
-    if (h) {   /* tiles of the requested rows, else of the largest layer (at least 64 MiB, to keep reads big) */
+    if (h) {   /* tiles of the requested rows, else of the largest streamed unit (at least 64 MiB, for big reads) */
         floor = st->opts.head_tile_rows > 0 ? (uint64_t)st->opts.head_tile_rows * row : 64ull << 20;
-        tiles_init(&st->head, &h->view, row, floor, st->n_layers + 1);
+        tiles_init(&st->head, &h->view, row, floor, 0);
     }
-    int n = st->n_layers + 1 + (h ? st->head.n : 0);
-    spine_unit *u = xcalloc((size_t)n, sizeof *u);
-    for (int l = 0; l <= st->n_layers; l++) store_unit_init(st, l, &u[l]);
-    u[st->n_layers].resident = 1;
-    uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&u[st->n_layers]), need = fixed;
-    if (fixed < budget) store_choose_resident(st, u, budget - fixed, floor);
-    uint64_t big = 0;
-    for (int l = 0; l < st->n_layers; l++)
-        if (u[l].resident) need += spine_unit_bytes(&u[l]);
-        else big = DF_MAX(big, spine_unit_bytes(&u[l]));
+    if (part_cap) part_cap = DF_MAX(part_cap, store_largest_tensor(st));
+    int cap = 1 + (h ? st->head.n : 0);
+    for (int l = 0; l < st->n_layers; l++) cap += st->layers[l].n + 1;
+    spine_unit *u = xcalloc((size_t)cap, sizeof *u), *whole = xcalloc((size_t)st->n_layers + 1, sizeof *whole), g;
+    for (int l = 0; l < st->n_layers; l++) store_layer_units(st, l, UINT64_MAX, &whole[l]);
+    store_layer_units(st, st->n_layers, UINT64_MAX, &g);
+    g.resident = 1;
+    uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&g), need = fixed, big = 0;
+    if (fixed < budget) store_choose_resident(st, whole, budget - fixed, DF_MAX(floor, part_cap), part_cap > 0);
+    int k = 0;
+    st->streamed_layers = st->split_layers = 0;
+    for (int l = 0; l < st->n_layers; l++) {
+        df_store_layer *L = &st->layers[l];
+        int resident = whole[l].resident;
+        L->unit0 = k;
+        if (resident || !part_cap) {
+            u[k++] = whole[l];
+        } else {
+            free(whole[l].r);
+            k += store_layer_units(st, l, part_cap, &u[k]);
+            st->split_layers += L->n_parts > 1;
+        }
+        st->streamed_layers += !resident;
+        for (int j = L->unit0; j < k; j++)
+            if (resident) need += spine_unit_bytes(&u[j]);
+            else big = DF_MAX(big, spine_unit_bytes(&u[j]));
+    }
+    st->global_unit = k;
+    u[k++] = g;
     if (h) {
-        if (st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, st->n_layers + 1);
-        tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, u + st->n_layers + 1);
-        for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[st->n_layers + 1 + j]));
+        if (st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, k);
+        st->head.first_unit = k;
+        tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, u + k);
+        for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[k + j]));
+        k += st->head.n;   /* re-tiled to the largest unit: no more tiles than allocated for */
     }
+    free(whole);
     *out = u;
-    *n_units = st->n_layers + 1 + (h ? st->head.n : 0);   /* re-tiled to the largest layer: at most n */
+    *n_units = k;
     return need + 2 * big;
 }
 
-/* The smallest budget the planner accepts: every layer streamed, lm_head tiled when it can be, the minimum
+/* The smallest budget the planner accepts: every layer streamed in parts, lm_head tiled when it can be, the minimum
  * cache, and the working reserve, which is a 16th of the budget within [64 MiB, 1 GiB]. Run before the real
  * plan, which rebuilds the units. */
+static void store_units_free(spine_unit *u, int n) {
+    for (int i = 0; i < n; i++) free(u[i].r);
+    free(u);
+}
+
 static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
     spine_unit *u = NULL;
     int n = 0;
-    uint64_t need = store_stream_plan(st, 0, min_cache, 1, &u, &n) - st->reserve_bytes;
-    for (int i = 0; i < n; i++) free(u[i].r);
-    free(u);
-    st->head_tiled = 0;
+    uint64_t need = store_stream_plan(st, 0, min_cache, 1, 1, &u, &n) - st->reserve_bytes;
+    store_units_free(u, n);
+    st->head_tiled = st->streamed_layers = st->split_layers = 0;
+    for (int l = 0; l < st->n_layers; l++) st->layers[l].n_parts = 1;
     if (need + (64ull << 20) <= (1ull << 30)) return need + (64ull << 20);
     if (need / 15 * 16 <= (16ull << 30)) return (need + 14) / 15 * 16;
     return need + (1ull << 30);
@@ -180,23 +257,27 @@ int plan_build(df_store *st, df_error *err) {
     uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
     st->min_slots = min_slots;
     st->min_budget = store_min_budget(st, min_cache) + state;
-    if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->reserve_bytes + st->spine_bytes + min_cache > budget) {
-        int n_units = 0;
+    if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->opts.spine_part_bytes ||
+        st->reserve_bytes + st->spine_bytes + min_cache > budget) {
+        int n_units = 0, tiled = st->opts.head_tile_rows > 0;
         spine_unit *u = NULL;
-        uint64_t need = store_stream_plan(st, budget, min_cache, st->opts.head_tile_rows > 0, &u, &n_units);
-        if (need > budget && !st->head_tiled && store_head_tileable(st)) {   /* lm_head resident does not fit */
-            for (int l = 0; l < n_units; l++) free(u[l].r);
-            free(u);
-            need = store_stream_plan(st, budget, min_cache, 1, &u, &n_units);
+        uint64_t part = st->opts.spine_part_bytes;
+        uint64_t need = store_stream_plan(st, budget, min_cache, tiled, part, &u, &n_units);
+        if (need > budget && !tiled && store_head_tileable(st)) {   /* lm_head resident does not fit: tile it */
+            store_units_free(u, n_units);
+            need = store_stream_plan(st, budget, min_cache, tiled = 1, part, &u, &n_units);
+        }
+        if (need > budget && !part) {   /* two buffers of a whole layer do not fit: cut layers into parts */
+            store_units_free(u, n_units);
+            need = store_stream_plan(st, budget, min_cache, 1, part = 1, &u, &n_units);
         }
         if (need > budget) {
             store_print_gib(b1, sizeof b1, full);
             store_print_gib(b2, sizeof b2, need + state);
-            for (int l = 0; l < n_units; l++) free(u[l].r);
-            free(u);
+            store_units_free(u, n_units);
             return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for this model: streaming its "
                                 "spine needs at least %s (working reserve, top-level tensors, two buffers of the "
-                                "largest streamed layer or lm_head tile, %llu expert slots and the session state); "
+                                "largest streamed tensor or lm_head tile, %llu expert slots and the session state); "
                                 "the smallest budget it runs in is %.2f GiB", st->dir, b1, b2, (unsigned long long)min_slots,
                                 (double)st->min_budget / (1ull << 30)), DF_ENOMEM;
         }
@@ -204,11 +285,11 @@ int plan_build(df_store *st, df_error *err) {
         if (rc) return rc;
         spine_used = spine_resident_bytes(st->spine) + spine_stream_bytes(st->spine);
         uint8_t *gbase = NULL;
-        spine_acquire(st->spine, st->n_layers, &gbase, err);
+        spine_acquire(st->spine, st->global_unit, &gbase, err);
         for (int i = 0; i < st->n_globals; i++)
             if (st->global_region[i] >= 0)
-                store_item_place(&st->globals[i],
-                                 spine_region_data(gbase, spine_unit_region(st->spine, st->n_layers, st->global_region[i])));
+                store_item_place(&st->globals[i], spine_region_data(gbase, spine_unit_region(st->spine, st->global_unit,
+                                                                                            st->global_region[i])));
     }
     if (!st->n_experts_total) return DF_OK;
     int64_t slots = st->opts.cache_slots;

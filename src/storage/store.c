@@ -5,6 +5,7 @@
  * (spine.c); routed experts are always read into the slot cache (cache.c). */
 #include "store_internal.h"
 
+#include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
@@ -94,6 +95,7 @@ void store_free(df_store *st) {
     for (int l = 0; l < st->n_layers; l++) {
         free(st->layers[l].items);
         free(st->layers[l].region);
+        free(st->layers[l].part);
         free(st->experts[l]);
     }
     free(st->layers);
@@ -149,25 +151,65 @@ int store_global_get(df_store *st, const char *name, const df_tensor **out, df_e
     return rc;
 }
 
+/* Points the items of a layer's part at the buffer holding it. */
+static void store_layer_place(df_store *st, df_store_layer *l, int p, const uint8_t *base) {
+    for (int i = 0; i < l->n; i++)
+        if (l->part[i] == p)
+            store_item_place(&l->items[i], spine_region_data(base, spine_unit_region(st->spine, l->unit0 + p,
+                                                                                     l->region[i])));
+}
+
+/* Holds part p of a streamed layer instead of the part held before. */
+static int store_layer_hold(df_store *st, df_store_layer *l, int p, df_error *err) {
+    if (l->held == p) return DF_OK;
+    if (l->held >= 0) spine_release(st->spine, l->unit0 + l->held);
+    l->held = -1;
+    uint8_t *base;
+    int rc = spine_acquire(st->spine, l->unit0 + p, &base, err);
+    if (rc) return rc;
+    l->held = p;
+    store_layer_place(st, l, p, base);
+    return DF_OK;
+}
+
+static int store_layer_check_index(const df_store *st, int layer, df_error *err) {
+    if (layer >= 0 && layer < st->n_layers) return DF_OK;
+    return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
+                        st->n_layers), DF_EINVAL;
+}
+
 int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_error *err) {
     *out = NULL;
-    if (layer < 0 || layer >= st->n_layers)
-        return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
-                            st->n_layers), DF_EINVAL;
+    int rc = store_layer_check_index(st, layer, err);
+    if (rc) return rc;
     df_store_layer *l = &st->layers[layer];
     if (l->bad >= 0) {
         const store_item *it = &l->items[l->bad];
         return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
     }
-    if (st->spine) {
-        uint8_t *base;
-        int rc = spine_acquire(st->spine, layer, &base, err);
+    if (st->spine) {   /* a layer in parts starts with its first; store_layer_need moves on */
+        l->held = -1;
+        rc = store_layer_hold(st, l, 0, err);
         if (rc) return rc;
-        for (int i = 0; i < l->n; i++)
-            store_item_place(&l->items[i], spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i])));
     }
     *out = l;
     return DF_OK;
+}
+
+int store_layer_need(df_store *st, const df_store_layer *layer, const df_tensor *t, df_error *err) {
+    df_store_layer *l = &st->layers[layer->index];
+    if (!st->spine || l->n_parts <= 1) return DF_OK;
+    const store_item *it = (const store_item *)(const void *)((const char *)t - offsetof(store_item, view));
+    DF_ASSERT(it >= l->items && it < l->items + l->n);
+    return store_layer_hold(st, l, l->part[it - l->items], err);
+}
+
+int store_layer_check(df_store *st, int layer, df_error *err) {
+    const df_store_layer *l;
+    int rc = store_layer_acquire(st, layer, &l, err);
+    for (int p = 1; !rc && p < l->n_parts && st->spine; p++) rc = store_layer_hold(st, &st->layers[layer], p, err);
+    if (l) store_layer_release(st, l);
+    return rc;
 }
 
 const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix) {
@@ -180,17 +222,18 @@ void store_layer_peek(df_store *st, int layer, const df_store_layer **out) {
     if (layer < 0 || layer >= st->n_layers || st->layers[layer].bad >= 0) return;
     df_store_layer *l = &st->layers[layer];
     uint8_t *base = NULL;
-    if (st->spine && !spine_peek(st->spine, layer, &base)) return;
-    for (int i = 0; st->spine && i < l->n; i++)
-        store_item_place(&l->items[i], spine_region_data(base, spine_unit_region(st->spine, layer, l->region[i])));
+    if (st->spine && (l->n_parts > 1 || !spine_peek(st->spine, l->unit0, &base))) return;
+    if (st->spine) {
+        l->held = 0;
+        store_layer_place(st, l, 0, base);
+    }
     *out = l;
 }
 
 int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_error *err) {
     *out = NULL;
-    if (layer < 0 || layer >= st->n_layers)
-        return df_error_set(err, DF_EINVAL, "%s: layer %d out of range (checkpoint has %d layers)", st->dir, layer,
-                            st->n_layers), DF_EINVAL;
+    int rc = store_layer_check_index(st, layer, err);
+    if (rc) return rc;
     const df_store_layer *l = &st->layers[layer];
     if (l->bad >= 0) {
         const store_item *it = &l->items[l->bad];
@@ -209,8 +252,11 @@ int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const c
     return 0;
 }
 
-void store_layer_release(df_store *st, const df_store_layer *l) {
-    if (st->spine && l) spine_release(st->spine, l->index);
+void store_layer_release(df_store *st, const df_store_layer *layer) {
+    if (!st->spine || !layer) return;
+    df_store_layer *l = &st->layers[layer->index];
+    if (l->held >= 0) spine_release(st->spine, l->unit0 + l->held);
+    l->held = -1;
 }
 
 
@@ -265,7 +311,8 @@ void store_get_stats(df_store *st, store_stats *o) {
     if (st->spine) {
         o->resident_spine_bytes = spine_resident_bytes(st->spine);
         o->stream_buffer_bytes = spine_stream_bytes(st->spine);
-        o->streamed_layers = spine_streamed_units(st->spine);
+        o->streamed_layers = st->streamed_layers;
+        o->split_layers = st->split_layers;
     } else {
         o->resident_spine_bytes = st->spine_bytes;
     }

@@ -43,6 +43,8 @@ typedef struct store_opts {
     const char *trace_routing;  /* append each prefetch's experts to this routing trace (trace.h); NULL = none */
     int heat;                /* DF_HEAT_*: keep per-expert heat in DIR/.deltafin/heat and warm from it (heat.h) */
     int64_t head_tile_rows;  /* > 0: stream the spine with lm_head in tiles of this many rows (tests) */
+    uint64_t spine_part_bytes;  /* > 0: stream every layer in parts of about this many bytes (tests; a budget too
+                                   small for two whole layers cuts them by itself) */
     const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
     uint64_t state_bytes;    /* the budget's share kept for session state (df_engine_opts.ctx_tokens) */
     int64_t state_tokens;    /* the tokens it holds (for info) */
@@ -59,6 +61,7 @@ typedef struct store_stats {
     uint64_t expert_bytes;
     int cache_slots;
     int streamed_layers;                  /* layers whose spine is re-read every pass (0: all resident) */
+    int split_layers;                     /* of them, layers read in parts, a few tensors at a time */
     int spine_mapped;                     /* spine served from the file mapping (it fits the budget) */
     int direct_fallbacks;                 /* files read buffered because O_DIRECT was refused */
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
@@ -89,6 +92,13 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
 /* A tensor of an acquired layer, or NULL when absent (optional tensors are probed this way). */
 const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix);
 void store_layer_release(df_store *st, const df_store_layer *l);
+/* A layer streamed in parts (when two buffers of a whole layer do not fit the budget) has one part in memory
+ * at a time, the next one being read meanwhile: before using a matrix of an acquired layer, the model asks for
+ * it here, which swaps in the part holding it. Asking in the order the parts were cut (plan.c: the order the
+ * mixers and FFNs use their matrices) reads each part once per pass. A no-op for a layer held whole. */
+int store_layer_need(df_store *st, const df_store_layer *l, const df_tensor *t, df_error *err);
+/* Acquires a layer and reads all its parts in turn, then releases it: checks its spine can be read. */
+int store_layer_check(df_store *st, int layer, df_error *err);
 /* Like store_layer_acquire when the layer's spine is already in memory; *out = NULL (nothing waited for or
  * read) otherwise. Release with store_layer_release. For look-ahead work that must never stall. */
 void store_layer_peek(df_store *st, int layer, const df_store_layer **out);

@@ -48,6 +48,9 @@ struct df_store_layer {
     store_item *items;   /* sorted by key */
     int bad;             /* index of an item with an unusable dtype/shape, or -1 */
     int *region;         /* streamed/resident spine: item -> region of its spine unit */
+    int *part;           /* streamed/resident spine: item -> which of the layer's units (parts) holds it */
+    int unit0, n_parts;  /* the layer's spine units: unit0 .. unit0 + n_parts - 1, in the order they are used */
+    int held;            /* a layer streamed in parts: the part in memory now (store_layer_need), or -1 */
 };
 
 typedef struct store_expert {
@@ -95,6 +98,8 @@ struct df_store {
     readahead *ra;                   /* look-ahead policy */
     spine *spine;                    /* NULL: spine served from the mappings */
     int *global_region;              /* globals -> region of the top-level unit, -1 for mapped ones */
+    int global_unit;                 /* the spine unit of the top-level tensors */
+    int streamed_layers, split_layers;   /* layers re-read every pass; of them, those read in parts */
     uint64_t slot_bytes, reserve_bytes;
     int64_t n_experts_total;
     atomic_uint_fast64_t expert_requests;
