@@ -2,10 +2,14 @@
  * spine in memory: lm_head in row tiles (the bundled model, decode rows and a prefill with every row, and a K3
  * fixture, with tile sizes that do and do not divide the vocabulary), and layers read in parts of a few tensors
  * (asked for, or chosen by the planner for a budget too small for two whole layers) on K3, Kimi-Linear with
- * MLA and the bundled model, with a 1-slot expert cache and a prompt longer than one pass of parts. */
+ * MLA and the bundled model, with a 1-slot expert cache and a prompt longer than one pass of parts; a part that
+ * cannot be read after a KDA mixer has begun updating its states resets the session instead of keeping it. */
 #include <string.h>
+#include <unistd.h>
 
 #include "engine_fixture.h"
+#include "storage/safetensors.h"
+#include "storage/st_write.h"
 #include "test.h"
 
 enum { N = 10, LONG = 300 };
@@ -59,6 +63,92 @@ static void compare_parts(const char *dir, const char *label, int64_t part_bytes
     free(got);
 }
 
+/* dir/model.safetensors: src's tensors with `last` moved to the end of the file, and src's config.json; the
+ * file offset of that tensor's bytes, or 0 on failure. */
+static uint64_t write_with_last(const char *dir, const char *src, const char *last) {
+    char path[2048];
+    snprintf(path, sizeof path, "%s/model.safetensors", src);
+    st_file f;
+    df_error err = {0};
+    if (st_file_open(&f, path, &err)) return 0;
+    st_write_tensor *ts = xcalloc((size_t)f.n_tensors, sizeof *ts);
+    const void **data = xcalloc((size_t)f.n_tensors, sizeof *data);
+    int n = 0, at = -1;
+    for (int i = 0; i < f.n_tensors; i++) {
+        const st_tensor *t = &f.tensors[i];
+        if (!strcmp(t->name, last)) at = i;
+        else ts[n] = (st_write_tensor){t->name, t->dtype_name, t->ndim, {0}, t->end - t->begin}, data[n++] = t->data;
+    }
+    uint64_t off = 0;
+    if (at >= 0) {
+        const st_tensor *t = &f.tensors[at];
+        ts[n] = (st_write_tensor){t->name, t->dtype_name, t->ndim, {0}, t->end - t->begin};
+        data[n++] = t->data;
+        for (int i = 0; i < n; i++) {
+            const st_tensor *o = st_file_find(&f, ts[i].name);
+            memcpy(ts[i].shape, o->shape, sizeof ts[i].shape);
+        }
+        snprintf(path, sizeof path, "%s/model.safetensors", dir);
+        if (!st_write_file(path, ts, data, n, NULL, 4096, &err)) {
+            st_file g;
+            if (!st_file_open(&g, path, &err)) {
+                off = st_tensor_offset(&g, st_file_find(&g, last));
+                st_file_close(&g);
+            }
+        }
+    }
+    char from[2048], to[2048];
+    snprintf(from, sizeof from, "%s/config.json", src);
+    snprintf(to, sizeof to, "%s/config.json", dir);
+    size_t len = 0;
+    char *cfg = df_read_file_max(from, 1 << 20, &len, &err);
+    FILE *out = cfg ? fopen(to, "wb") : NULL;
+    if (!out || fwrite(cfg, 1, len, out) != len) off = 0;
+    if (out) fclose(out);
+    free(cfg);
+    free(ts);
+    free(data);
+    st_file_close(&f);
+    return off;
+}
+
+/* Layer 0 of k3-tiny is KDA: its output projection is read after the mixer has updated its conv and
+ * recurrent states. With that tensor unreadable (the file cut before it after the first pass), the next token
+ * fails, and the session must be reset rather than kept at a position its layer-0 state no longer matches. */
+static void torn_mixer(void) {
+    char dir[] = "/tmp/df-torn-XXXXXX";
+    CHECK(mkdtemp(dir) != NULL, "torn: temp folder");
+    const char *o_proj = "language_model.model.layers.0.self_attn.o_proj.weight";
+    uint64_t off = write_with_last(dir, "tests/fixtures/k3-tiny", o_proj);
+    CHECK(off > 0, "torn: k3-tiny rewritten with layer 0's o_proj last (at byte %llu)", (unsigned long long)off);
+    df_engine_opts o;
+    ef_opts(&o, dir, NULL);
+    o.spine_part_bytes = 1;
+    df_engine *eng = NULL;
+    df_session *s = NULL;
+    df_error err = {0};
+    int rc = off ? df_engine_open(&eng, &o, &err) : -1;
+    if (!rc) rc = df_session_init(&s, eng, &err);
+    if (!rc) rc = df_session_eval(s, toks, 3, NULL, 0, &err);
+    CHECK(!rc, "torn: 3 tokens evaluated with layers in parts (%s)", rc ? err.msg : "ok");
+    char path[2048];
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    rc = rc ? rc : truncate(path, (off_t)off);
+    int64_t pos = -1;
+    if (!rc) {
+        rc = df_session_eval(s, toks + 3, 1, NULL, 0, &err);
+        df_session_tokens(s, &pos);
+    }
+    CHECK(rc < 0 && pos == 0, "torn: a token whose layer-0 o_proj cannot be read fails (%s) and resets the session "
+          "(position %lld)", err.msg, (long long)pos);
+    df_session_free(s);
+    df_engine_free(eng);
+    unlink(path);
+    snprintf(path, sizeof path, "%s/config.json", dir);
+    unlink(path);
+    rmdir(dir);
+}
+
 int main(void) {
     compare("models/default", 1024, 0, 6);
     compare("models/default", 1000, 1, 7);   /* the last tile shorter; layers streamed as well */
@@ -73,5 +163,6 @@ int main(void) {
     for (int i = 0; i < LONG; i++) lng[i] = (int32_t)((i * 7919 + 13) % 6000);
     compare_parts("models/default", "a 298-token prompt, more than one pass of parts", 1, 0, 0, lng, LONG, LONG - 2);
     free(lng);
+    torn_mixer();
     TEST_EXIT();
 }
