@@ -1,6 +1,7 @@
 /* plan.c — the residency plan: how the memory budget splits into a working reserve, the spine (served from
  * the file mapping when it all fits, else the top-level tensors and the biggest layers resident and the rest
- * streamed through two buffers, lm_head in row tiles when even that does not fit) and expert cache slots; then
+ * streamed through two buffers, whole or, when two whole layers do not fit, in parts of a few tensors; lm_head
+ * in row tiles when it does not fit either) and expert cache slots; then
  * the replacement policy, saved heat and the routing trace the options ask for. */
 #include "store_internal.h"
 

@@ -1,8 +1,9 @@
-/* spine.h — spine bytes read into memory the budget accounts for, instead of mapped: "units" (one per
- * decoder layer, plus one for the top-level tensors) made of regions (one per tensor). Resident units are read
- * once at start; streamed units share two buffers: acquiring unit i reads it unless already read, then
- * starts reading the next streamed units into any free buffer, so layer i+1 arrives while layer i computes
- * (after the last layer the first streamed layer is read for the next token). */
+/* spine.h — spine bytes read into memory the budget accounts for, instead of mapped: "units" (a decoder layer
+ * or a part of one, the top-level tensors, an lm_head tile) made of regions (one per tensor), numbered in the
+ * order a pass uses them. Resident units are read once at start; streamed units share two buffers: acquiring
+ * unit i reads it unless already read, then starts reading the next streamed units into any free buffer, so
+ * unit i+1 arrives while unit i computes (after the last one the first streamed unit is read for the next
+ * token). */
 #ifndef DF_STORE_SPINE_H
 #define DF_STORE_SPINE_H
 
