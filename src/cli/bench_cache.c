@@ -1,6 +1,7 @@
 /* bench_cache.c — `deltafin bench cache --trace FILE`: replays a recorded routing trace through each
- * replacement policy of the expert cache and through Belady's offline optimum, at cache sizes given as a share
- * of all routed experts, and reports hit rates and how much of the LRU-to-optimum gap each policy closes. */
+ * replacement policy of the expert cache, through Belady's offline optimum and through two bounds told part of
+ * the future (every expert's count; the next token's selections), at cache sizes given as a share of all
+ * routed experts, and reports hit rates and how much of the LRU-to-optimum gap each closes. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,28 +75,30 @@ int bench_cache(int argc, char **argv) {
         printf("trace %s: %lld routed experts, %lld requests in %lld records; hits counted after the first %g of "
                "them\n", path, (long long)n_keys, (long long)t.n_access, (long long)t.n_records, warmup);
         printf("%6s %7s", "size", "slots");
-        for (int k = 0; k <= POLICY_ORACLE_FREQ; k++) printf(" %10s", policy_name(k));
-        for (int k = 1; k < POLICY_COUNT; k++) printf("  gap %-4s", policy_name(k));
+        for (int k = 0; k <= POLICY_ORACLE_NEXT; k++) printf(" %10s", policy_name(k));
+        for (int k = 1; k <= POLICY_ORACLE_NEXT; k++)
+            if (k != POLICY_BELADY) printf("  gap %-8s", policy_name(k));
         printf("   (hit rates; gap = share of the lru-to-belady gap closed)\n");
     }
     for (int s = 0; s < n_sizes; s++) {
         int slots = (int)DF_MAX(1, DF_MIN(n_keys, (int64_t)(sizes[s] / 100.0 * (double)n_keys + 0.5)));
-        double rate[POLICY_ORACLE_FREQ + 1];
+        double rate[POLICY_ORACLE_NEXT + 1];
         policy_trace pt = {t.keys, t.rec, t.n_access, t.n_records, t.n_layers, t.base, count_from};
-        for (int k = 0; k <= POLICY_ORACLE_FREQ; k++)
+        for (int k = 0; k <= POLICY_ORACLE_NEXT; k++)
             rate[k] = (double)policy_simulate(k, &pt, slots) / (double)(t.n_access - count_from);
         double gap = rate[POLICY_BELADY] - rate[POLICY_LRU];
         if (json) {
             printf("%s{\"size_pct\":%g,\"slots\":%d", s ? "," : "", sizes[s], slots);
-            for (int k = 0; k <= POLICY_ORACLE_FREQ; k++) printf(",\"%s\":%.6f", policy_name(k), rate[k]);
-            for (int k = 1; k < POLICY_COUNT; k++)
-                printf(",\"gap_closed_%s\":%.4f", policy_name(k), gap > 0 ? (rate[k] - rate[0]) / gap : 1.0);
+            for (int k = 0; k <= POLICY_ORACLE_NEXT; k++) printf(",\"%s\":%.6f", policy_name(k), rate[k]);
+            for (int k = 1; k <= POLICY_ORACLE_NEXT; k++)
+                if (k != POLICY_BELADY)
+                    printf(",\"gap_closed_%s\":%.4f", policy_name(k), gap > 0 ? (rate[k] - rate[0]) / gap : 1.0);
             printf("}");
         } else {
             printf("%5g%% %7d", sizes[s], slots);
-            for (int k = 0; k <= POLICY_ORACLE_FREQ; k++) printf(" %10.4f", rate[k]);
-            for (int k = 1; k < POLICY_COUNT; k++)
-                printf("  %7.1f%%", gap > 0 ? 100 * (rate[k] - rate[0]) / gap : 100.0);
+            for (int k = 0; k <= POLICY_ORACLE_NEXT; k++) printf(" %10.4f", rate[k]);
+            for (int k = 1; k <= POLICY_ORACLE_NEXT; k++)
+                if (k != POLICY_BELADY) printf("  %11.1f%%", gap > 0 ? 100 * (rate[k] - rate[0]) / gap : 100.0);
             printf("\n");
         }
     }

@@ -8,7 +8,7 @@
  * expert of the layer about to run is needed sooner than an equally popular one of the layer just done. ARC
  * follows Megiddo and Modha, with ghost lists over keys; victims skip slots the caller forbids (pinned, in
  * flight), walking each list from its least recent end. The simulator replays a trace through these and
- * through Belady's optimum and an oracle LFU that knows every count in advance. */
+ * through Belady's optimum, an oracle LFU that knows every count in advance and an LFU told the next token. */
 #include "policy.h"
 
 #include <math.h>
@@ -49,7 +49,8 @@ struct policy {
 static const char *const policy_names[POLICY_COUNT] = {"lru", "lfu", "arc", "reuse"};
 
 const char *policy_name(int kind) {
-    return kind >= 0 && kind < POLICY_COUNT ? policy_names[kind] : kind == POLICY_COUNT ? "belady" : "oracle-lfu";
+    if (kind >= 0 && kind < POLICY_COUNT) return policy_names[kind];
+    return kind == POLICY_BELADY ? "belady" : kind == POLICY_ORACLE_FREQ ? "oracle-lfu" : "lfu+next";
 }
 
 int policy_parse(const char *name) {
@@ -267,13 +268,23 @@ int policy_victim(policy *p, int (*ok)(const void *ctx, int slot), const void *c
 typedef struct sim_ctx {
     const int64_t *slot_key;
     const int64_t *held;   /* key -> last record that asked for it */
+    const int64_t *soon;   /* lfu+next: key -> the last record whose next token asks for it */
     int64_t rec;
-    int strict;
+    int strict;            /* 0: anything may go; 1: not the record's keys; 2: nor the next token's */
 } sim_ctx;
 
 static int sim_may_go(const void *ctx, int slot) {
     const sim_ctx *c = ctx;
-    return !c->strict || c->held[c->slot_key[slot]] != c->rec;
+    int64_t k = c->slot_key[slot];
+    return !c->strict || (c->held[k] != c->rec && (c->strict < 2 || c->soon[k] != c->rec));
+}
+
+/* lfu+next: marks the keys of the records after r, one pass over the layers' worth, as wanted soon. */
+static void sim_mark_next(const policy_trace *t, int64_t r, int64_t *soon) {
+    int layers = 0;
+    for (int g = 0; g < t->n_groups; g++) layers += t->base[g + 1] > t->base[g];
+    for (int64_t q = r + 1; q <= r + layers && q < t->n_rec; q++)
+        for (int64_t i = t->rec[q]; i < t->rec[q + 1]; i++) soon[t->keys[i]] = r;
 }
 
 /* Belady: on a miss with a full bank, evict the key whose next use lies farthest ahead (or never comes). A
@@ -321,8 +332,8 @@ static uint64_t sim_belady(const policy_trace *t, int n_slots) {
 uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
     if (kind == POLICY_COUNT) return sim_belady(t, n_slots);
     int64_t n_keys = t->base[t->n_groups];
-    int oracle = kind == POLICY_ORACLE_FREQ;
-    policy *p = policy_new(oracle ? POLICY_LFU : kind, n_slots, t->n_groups, t->base);
+    int oracle = kind == POLICY_ORACLE_FREQ, next = kind == POLICY_ORACLE_NEXT;
+    policy *p = policy_new(oracle || next ? POLICY_LFU : kind, n_slots, t->n_groups, t->base);
     if (oracle) {   /* the whole trace's counts, known in advance and never updated */
         for (int64_t k = 0; k < n_keys; k++) p->score[k] = -INFINITY;
         for (int64_t i = 0; i < t->n; i++)
@@ -330,13 +341,14 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
         p->kind = POLICY_ORACLE_FREQ;
     }
     int *where = xmalloc(sizeof *where * (size_t)n_keys);
-    int64_t *held = xmalloc(sizeof *held * (size_t)n_keys);
-    for (int64_t k = 0; k < n_keys; k++) where[k] = -1, held[k] = -1;
+    int64_t *held = xmalloc(sizeof *held * (size_t)n_keys), *soon = xmalloc(sizeof *soon * (size_t)n_keys);
+    for (int64_t k = 0; k < n_keys; k++) where[k] = -1, held[k] = soon[k] = -1;
     int used = 0;
     uint64_t hits = 0;
-    sim_ctx ctx = {p->slot_key, held, 0, 1};
+    sim_ctx ctx = {p->slot_key, held, soon, 0, 1};
     for (int64_t r = 0; r < t->n_rec; r++) {
         ctx.rec = r;
+        if (next) sim_mark_next(t, r, soon);
         for (int64_t i = t->rec[r]; i < t->rec[r + 1]; i++) held[t->keys[i]] = r;
         for (int64_t i = t->rec[r]; i < t->rec[r + 1]; i++) {
             int64_t k = t->keys[i];
@@ -350,10 +362,9 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
             if (used < n_slots) {
                 s = used++;
             } else {
-                ctx.strict = 1;
-                s = policy_victim(p, sim_may_go, &ctx);
-                ctx.strict = 0;   /* a record larger than the bank: its own earlier experts must make room */
-                if (s < 0) s = policy_victim(p, sim_may_go, &ctx);
+                s = -1;
+                for (ctx.strict = next ? 2 : 1; s < 0 && ctx.strict >= 0; ctx.strict--)   /* at 0: a record */
+                    s = policy_victim(p, sim_may_go, &ctx);   /* larger than the bank makes room itself */
                 where[p->slot_key[s]] = -1;
                 policy_clear(p, s);
             }
@@ -364,5 +375,6 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
     policy_free(p);
     free(where);
     free(held);
+    free(soon);
     return hits;
 }

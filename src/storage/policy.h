@@ -19,17 +19,21 @@ typedef enum {
     POLICY_COUNT
 } policy_kind;
 
-/* Simulation only: Belady's optimum, and LFU knowing each expert's count over the whole trace in advance (the
- * best any popularity-based policy can do when routing is independent from token to token). */
+/* Simulation only: Belady's optimum; LFU knowing each expert's count over the whole trace in advance (the best
+ * any popularity-based policy can do when routing is independent from token to token); and LFU told the next
+ * token's selections (the records of the next pass over the layers), which it keeps while anything else may
+ * go (more than any look-ahead guess can tell, so a bound on what guesses could add). */
 #define POLICY_BELADY POLICY_COUNT
 #define POLICY_ORACLE_FREQ (POLICY_COUNT + 1)
+#define POLICY_ORACLE_NEXT (POLICY_COUNT + 2)
 
 /* The policy an expert cache uses unless told otherwise. */
 #define POLICY_DEFAULT POLICY_LFU
 
 typedef struct policy policy;
 
-/* Name ("lru", "lfu", "arc", "reuse", "belady", "oracle-lfu") of a kind, and the kind of a name (-1 if unknown). */
+/* Name ("lru", "lfu", "arc", "reuse", "belady", "oracle-lfu", "lfu+next") of a kind, and the kind of a name
+ * (-1 if unknown; only the first four name policies a cache can run). */
 const char *policy_name(int kind);
 int policy_parse(const char *name);
 
@@ -60,7 +64,7 @@ typedef struct policy_trace {
 
 /* Simulates a cache of n_slots over the trace, starting empty; returns the hits. As in the cache, a record's
  * experts are not evicted while the record is served (its prefetch list is known). kind is a policy_kind,
- * POLICY_BELADY or POLICY_ORACLE_FREQ. */
+ * POLICY_BELADY, POLICY_ORACLE_FREQ or POLICY_ORACLE_NEXT. */
 uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots);
 
 #endif

@@ -57,6 +57,13 @@ static void test_textbook(void) {
     CHECK(sim(POLICY_LRU, a, 9, 2, 5) == 2 && sim(POLICY_ARC, a, 9, 2, 5) == 3,
           "arc: a scan does not flush the frequently used (%llu vs lru %llu hits)",
           (unsigned long long)sim(POLICY_ARC, a, 9, 2, 5), (unsigned long long)sim(POLICY_LRU, a, 9, 2, 5));
+    /* A B C A, 2 slots, one layer (the next token is the next record): LFU drops A, the older of two single
+     * uses; told that A comes next, lfu+next drops B and hits, as Belady does */
+    static const int64_t n[4] = {0, 1, 2, 0};
+    CHECK(sim(POLICY_LFU, n, 4, 2, 3) == 0 && sim(POLICY_ORACLE_NEXT, n, 4, 2, 3) == 1 &&
+              sim(POLICY_COUNT, n, 4, 2, 3) == 1 && !strcmp(policy_name(POLICY_ORACLE_NEXT), "lfu+next"),
+          "lfu+next keeps what the next token asks for (%llu hits, lfu %llu)",
+          (unsigned long long)sim(POLICY_ORACLE_NEXT, n, 4, 2, 3), (unsigned long long)sim(POLICY_LFU, n, 4, 2, 3));
 }
 
 static void test_belady_brute(void) {
