@@ -239,6 +239,12 @@ int fwd_need(df_fwd *f, const df_tensor *w) {
     return rc;
 }
 
+int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out) {
+    int rc = fwd_need(f, w);
+    if (!rc) kern_matmul(f->m->kern, w, x, T, out);
+    return rc;
+}
+
 static void rms_rows(df_fwd *f, const float *w, const float *x, int T, float *out) {
     int d = f->m->cfg.d;
     for (int t = 0; t < T; t++) kern_rmsnorm(out + (int64_t)t * d, x + (int64_t)t * d, w, d, f->m->cfg.eps);

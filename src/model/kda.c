@@ -195,8 +195,7 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     for (int i = 0; !rc && i < 3; i++) {
         pre[i] = SCRATCH_F32(f->sc, TP);
         act[i] = SCRATCH_F32(f->sc, TP);
-        rc = fwd_need(f, proj[i]);
-        if (!rc) kern_matmul(kc, proj[i], x, T, pre[i]);
+        rc = fwd_matmul(f, proj[i], x, T, pre[i]);
     }
     if (rc) return kda_fail(f, mark, rc);
     kda_record *rec = scratch_zalloc(f->sc, (size_t)n_seg * sizeof *rec);
@@ -213,16 +212,12 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     }
 
     float *fa = SCRATCH_F32(f->sc, (int64_t)T * k.D), *g = pre[0];     /* reuse pre[0] for the gate */
-    if ((rc = fwd_need(f, w->fa))) return kda_fail(f, mark, rc);
-    kern_matmul(kc, w->fa, x, T, fa);
-    if ((rc = fwd_need(f, w->fb))) return kda_fail(f, mark, rc);
-    kern_matmul(kc, w->fb, fa, T, g);
+    if ((rc = fwd_matmul(f, w->fa, x, T, fa)) || (rc = fwd_matmul(f, w->fb, fa, T, g))) return kda_fail(f, mark, rc);
     for (int64_t i = 0; i < TP; i++) g[i] += w->dt_bias[i % k.P];
     kda_gate(c, &k, w->alog, f->m->alog_per_channel, g, T);
 
     float *beta = SCRATCH_F32(f->sc, (int64_t)T * k.H);
-    if ((rc = fwd_need(f, w->b))) return kda_fail(f, mark, rc);
-    kern_matmul(kc, w->b, x, T, beta);
+    if ((rc = fwd_matmul(f, w->b, x, T, beta))) return kda_fail(f, mark, rc);
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) beta[i] = kern_sigmoid(beta[i]);
     l2norm_heads(act[0], T, &k, 1.0f / sqrtf((float)k.D));
     l2norm_heads(act[1], T, &k, 1.0f);
@@ -246,22 +241,15 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     model_clock(&f->m->prof.attention, t0);
 
     float *gate = pre[2];
-    if (w->g) {
-        if ((rc = fwd_need(f, w->g))) return kda_fail(f, mark, rc);
-        kern_matmul(kc, w->g, x, T, gate);
-    } else {
-        if ((rc = fwd_need(f, w->ga))) return kda_fail(f, mark, rc);
-        kern_matmul(kc, w->ga, x, T, fa);
-        if ((rc = fwd_need(f, w->gb))) return kda_fail(f, mark, rc);
-        kern_matmul(kc, w->gb, fa, T, gate);
-    }
+    if (w->g) rc = fwd_matmul(f, w->g, x, T, gate);
+    else if (!(rc = fwd_matmul(f, w->ga, x, T, fa))) rc = fwd_matmul(f, w->gb, fa, T, gate);
+    if (rc) return kda_fail(f, mark, rc);
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) {   /* gated RMSNorm per head, fp32 */
         float *oh = o + i * k.D;
         kern_rmsnorm(oh, oh, w->onorm, k.D, c->eps);
         for (int j = 0; j < k.D; j++) oh[j] *= kern_sigmoid(gate[i * k.D + j]);
     }
-    if ((rc = fwd_need(f, w->o))) return kda_fail(f, mark, rc);
-    kern_matmul(kc, w->o, o, T, out);
+    rc = fwd_matmul(f, w->o, o, T, out);
     scratch_release(f->sc, mark);
-    return DF_OK;
+    return rc;
 }

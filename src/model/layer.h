@@ -29,6 +29,8 @@ typedef struct df_fwd {
  * holding it); called right before each use, in the order the mixers and FFNs use them. The wait counts as
  * spine reading. */
 int fwd_need(df_fwd *f, const df_tensor *w);
+/* out[T, rows of w] = x w^T once w is usable (fwd_need); non-zero when its part cannot be read. */
+int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out);
 
 /* Mixers and FFNs: x/out are [T, d] (all rows of the pass); out is overwritten. The mixers run each of
  * the n_seg sessions of the pass on its own layer state. Scratch taken from f->sc is released on return. */

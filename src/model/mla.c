@@ -14,19 +14,17 @@
 /* q[T, H*(Nn+Nr)] from the normed input. */
 static int mla_query(df_fwd *f, const mla_weights *w, const float *x, int T, float *q) {
     const df_config *c = &f->m->cfg;
-    int rc;
     if (!c->q_lora) {
-        if (!(rc = fwd_need(f, w->q))) kern_matmul(f->m->kern, w->q, x, T, q);
-        return rc;
+        return fwd_matmul(f, w->q, x, T, q);
     }
     size_t mark = scratch_mark(f->sc);
     float *qa = SCRATCH_F32(f->sc, (int64_t)T * c->q_lora);
-    if (!(rc = fwd_need(f, w->qa))) kern_matmul(f->m->kern, w->qa, x, T, qa);
+    int rc = fwd_matmul(f, w->qa, x, T, qa);
     for (int t = 0; !rc && t < T; t++) {
         float *row = qa + (int64_t)t * c->q_lora;
         kern_rmsnorm(row, row, w->qa_norm, c->q_lora, MLA_LATENT_EPS);
     }
-    if (!rc && !(rc = fwd_need(f, w->qb))) kern_matmul(f->m->kern, w->qb, qa, T, q);
+    if (!rc) rc = fwd_matmul(f, w->qb, qa, T, q);
     scratch_release(f->sc, mark);
     return rc;
 }
@@ -35,11 +33,14 @@ static int mla_query(df_fwd *f, const mla_weights *w, const float *x, int T, flo
 static int mla_cache_append(df_fwd *f, const mla_weights *w, const fwd_seg *seg, int n_seg, const float *x,
                             int T) {
     const df_config *c = &f->m->cfg;
-    int Lc = c->kv_lora, Nr = c->rope, rc = fwd_need(f, w->kva);
-    if (rc) return rc;
+    int Lc = c->kv_lora, Nr = c->rope;
     size_t mark = scratch_mark(f->sc);
     float *kv = SCRATCH_F32(f->sc, (int64_t)T * (Lc + Nr));
-    kern_matmul(f->m->kern, w->kva, x, T, kv);
+    int rc = fwd_matmul(f, w->kva, x, T, kv);
+    if (rc) {
+        scratch_release(f->sc, mark);
+        return rc;
+    }
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
         int64_t pos0 = seg[j].pos;
@@ -137,12 +138,12 @@ int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     double t0 = df_now();
     kern_parallel_for_t(f->m->kern, n_seg * (int)H, mla_head_task, jobs);
     model_clock(&f->m->prof.attention, t0);
-    if (w->g && !(rc = fwd_need(f, w->g))) {
+    if (w->g) {
         float *g = SCRATCH_F32(f->sc, (int64_t)T * Ov);
-        kern_matmul(f->m->kern, w->g, x, T, g);
-        for (int64_t i = 0; i < (int64_t)T * Ov; i++) o[i] *= kern_sigmoid(g[i]);
+        rc = fwd_matmul(f, w->g, x, T, g);
+        for (int64_t i = 0; !rc && i < (int64_t)T * Ov; i++) o[i] *= kern_sigmoid(g[i]);
     }
-    if (!rc && !(rc = fwd_need(f, w->o))) kern_matmul(f->m->kern, w->o, o, T, out);
+    if (!rc) rc = fwd_matmul(f, w->o, o, T, out);
     scratch_release(f->sc, mark);
     return rc;
 }

@@ -23,8 +23,13 @@ size_t glu_scratch_bytes(int inter, int T) {
     return 2 * scratch_size((size_t)DF_MIN(T, GLU_BLOCK_ROWS) * inter, sizeof(float));
 }
 
-/* Before a spine matrix's use (fwd_need); routed experts' matrices are in memory already. */
-static int glu_need(df_fwd *f, int spine, const df_tensor *w) { return spine ? fwd_need(f, w) : DF_OK; }
+/* out = x w^T; a spine matrix (dense FFN, shared experts) is made usable first (fwd_matmul), a routed expert's
+ * is in memory already. */
+static int glu_mul(df_fwd *f, int spine, const df_tensor *w, const float *x, int n, float *out) {
+    if (spine) return fwd_matmul(f, w, x, n, out);
+    kern_matmul(f->m->kern, w, x, n, out);
+    return DF_OK;
+}
 
 /* out[T, dout] = down(act(gate(x)) * up(x)); gate/up [inter, din], down [dout, inter]. spine: the matrices are
  * the layer's (dense FFN, shared experts), not a routed expert's. */
@@ -35,13 +40,11 @@ static int glu_apply(df_fwd *f, int spine, const df_tensor *gate, const df_tenso
     float *g = SCRATCH_F32(f->sc, (int64_t)B * inter), *u = SCRATCH_F32(f->sc, (int64_t)B * inter);
     for (int t0 = 0; !rc && t0 < T; t0 += B) {
         int n = DF_MIN(B, T - t0);
-        if ((rc = glu_need(f, spine, gate))) break;
-        kern_matmul(f->m->kern, gate, x + (int64_t)t0 * gate->shape[1], n, g);
-        if ((rc = glu_need(f, spine, up))) break;
-        kern_matmul(f->m->kern, up, x + (int64_t)t0 * up->shape[1], n, u);
+        if ((rc = glu_mul(f, spine, gate, x + (int64_t)t0 * gate->shape[1], n, g)) ||
+            (rc = glu_mul(f, spine, up, x + (int64_t)t0 * up->shape[1], n, u)))
+            break;
         glu_act(&f->m->cfg, g, u, (int64_t)n * inter);
-        if ((rc = glu_need(f, spine, down))) break;
-        kern_matmul(f->m->kern, down, g, n, out + (int64_t)t0 * down->shape[0]);
+        rc = glu_mul(f, spine, down, g, n, out + (int64_t)t0 * down->shape[0]);
     }
     scratch_release(f->sc, mark);
     return rc;
@@ -301,19 +304,19 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
         sh = SCRATCH_F32(f->sc, (int64_t)T * c->d);
         rc = ffn_dense_forward(f, &w->shared, x, T, sh);
     }
-    if (!rc && w->latent_down && !(rc = fwd_need(f, w->latent_down))) {
+    if (!rc && w->latent_down) {
         z = SCRATCH_F32(f->sc, (int64_t)T * Dz);
-        kern_matmul(f->m->kern, w->latent_down, x, T, z);
+        rc = fwd_matmul(f, w->latent_down, x, T, z);
     }
     if (!rc) {
         y = scratch_zalloc(f->sc, (size_t)T * Dz * sizeof(float));
         rc = experts_apply(f, &r, z ? z : x, T, y);
     }
     if (!rc && !guessed) moe_lookahead(f, x, T);   /* the next layer's spine may have arrived meanwhile */
-    if (!rc && w->latent_up && !(rc = fwd_need(f, w->latent_up))) {
+    if (!rc && w->latent_up) {
         for (int t = 0; w->latent_norm && t < T; t++)
             kern_rmsnorm(y + (int64_t)t * Dz, y + (int64_t)t * Dz, w->latent_norm, Dz, c->eps);
-        kern_matmul(f->m->kern, w->latent_up, y, T, out);
+        rc = fwd_matmul(f, w->latent_up, y, T, out);
     } else if (!rc) {
         memcpy(out, y, (size_t)T * c->d * sizeof(float));
     }

@@ -213,14 +213,14 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
     return need + 2 * big;
 }
 
-/* The smallest budget the planner accepts: every layer streamed in parts, lm_head tiled when it can be, the minimum
- * cache, and the working reserve, which is a 16th of the budget within [64 MiB, 1 GiB]. Run before the real
- * plan, which rebuilds the units. */
 static void store_units_free(spine_unit *u, int n) {
     for (int i = 0; i < n; i++) free(u[i].r);
     free(u);
 }
 
+/* The smallest budget the planner accepts: every layer streamed in parts, lm_head tiled when it can be, the
+ * minimum cache, and the working reserve, which is a 16th of the budget within [64 MiB, 1 GiB]. Run before the
+ * real plan, which rebuilds the units. */
 static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
     spine_unit *u = NULL;
     int n = 0;
