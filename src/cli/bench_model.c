@@ -380,6 +380,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
+               "\"split_layers\":%d,"
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
                "\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
@@ -388,7 +389,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
                r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, read_gbps, hit,
                (unsigned long long)r->rss_peak, (unsigned long long)r->s2.mem_budget, r->s2.cache_slots,
-               r->s2.streamed_layers, r->prefill_s, (unsigned long long)pre_exp, (unsigned long long)pre_loads,
+               r->s2.streamed_layers, r->s2.split_layers, r->prefill_s, (unsigned long long)pre_exp,
+               (unsigned long long)pre_loads,
                r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
                r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
                other > 0 ? other : 0);
@@ -416,9 +418,10 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         return;
     }
     printf("model %s\n", dir);
-    printf("memory: budget %.2f GiB; spine %s (%d layers streamed, %.2f GiB resident, %.2f GiB stream buffers); "
+    printf("memory: budget %.2f GiB; spine %s (%d layers streamed, %d of them in parts, %.2f GiB resident, %.2f GiB "
+           "stream buffers); "
            "expert cache %d slots (%.2f GiB); %d session%s %.2f MiB\n", r->s2.mem_budget / 1073741824.0,
-           r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers,
+           r->s2.streamed_layers ? "streamed" : "resident", r->s2.streamed_layers, r->s2.split_layers,
            r->s2.resident_spine_bytes / 1073741824.0, r->s2.stream_buffer_bytes / 1073741824.0, r->s2.cache_slots,
            r->s2.cache_bytes / 1073741824.0, r->parallel, r->parallel > 1 ? "s" : "", r->session_bytes / 1048576.0);
     printf("disk: %.2f GB/s O_DIRECT, best of:", r->disk_gbps);
