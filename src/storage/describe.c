@@ -121,7 +121,8 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
     }
     store_printf(b, "\n  smallest budget this model runs in: ");
     store_print_bytes(b, st->min_budget);
-    store_printf(b, " (every layer streamed in parts, lm_head tiled, %llu expert slots)\n", (unsigned long long)st->min_slots);
+    store_printf(b, " (every layer streamed in parts, lm_head tiled, %llu expert slots)\n",
+                 (unsigned long long)st->min_slots);
 }
 
 void store_describe(const df_store *st, char *buf, size_t cap) {
