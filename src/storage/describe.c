@@ -106,7 +106,10 @@ static void store_describe_plan(const df_store *st, store_buf *b) {
                          st->split_layers, spine_streamed_units(st->spine) - (st->head_tiled ? st->head.n : 0) -
                                                (st->streamed_layers - st->split_layers));
         store_printf(b, "\n  embedding: rows read on demand from the file mapping (not resident)");
-        if (st->head_tiled)
+        if (st->head_resident)
+            store_printf(b, "\n  lm_head: in %d tiles of %lld rows, %d of them resident, the others streamed through "
+                         "the same buffers", st->head.n, (long long)st->head.per, st->head_resident);
+        else if (st->head_tiled)
             store_printf(b, "\n  lm_head: streamed in %d tiles of %lld rows through the same buffers", st->head.n,
                          (long long)st->head.per);
         else store_printf(b, "\n  lm_head: resident");

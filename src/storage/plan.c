@@ -92,24 +92,27 @@ static int store_cmp_size_desc(const void *a, const void *b) {
     return x[0] < y[0] ? 1 : x[0] > y[0] ? -1 : (x[1] > y[1]) - (x[1] < y[1]);
 }
 
-/* Chooses resident layers (largest first) so that resident + two stream buffers fit avail. A buffer takes the
- * largest streamed layer, or with parts only a part: at least buf_floor bytes either way. */
-static void store_choose_resident(df_store *st, spine_unit *u, uint64_t avail, uint64_t buf_floor, int parts) {
-    int n = st->n_layers;
+/* Chooses resident units among u[0..n) (largest first) so that they and two stream buffers fit avail; returns
+ * the bytes made resident. A buffer holds the largest unit left streamed and at least buf_floor bytes; with
+ * cut, exactly buf_floor (the units are whole layers, and those left streamed will be cut into parts of at
+ * most that). */
+static uint64_t store_choose_resident(const df_store *st, spine_unit *const *u, int n, uint64_t avail,
+                                      uint64_t buf_floor, int cut) {
     uint64_t (*by)[2] = xmalloc(sizeof *by * (size_t)(n + 1));
-    for (int l = 0; l < n; l++) by[l][0] = spine_unit_bytes(&u[l]), by[l][1] = (uint64_t)l;
+    for (int i = 0; i < n; i++) by[i][0] = spine_unit_bytes(u[i]), by[i][1] = (uint64_t)i;
     qsort(by, (size_t)n, sizeof *by, store_cmp_size_desc);
     uint64_t used = 0, skipped_max = 0;
     for (int j = 0; j < n && !st->opts.spine_stream && !st->opts.spine_part_bytes; j++) {
-        uint64_t rest = parts ? buf_floor : DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
+        uint64_t rest = cut ? buf_floor : DF_MAX(DF_MAX(skipped_max, j + 1 < n ? by[j + 1][0] : 0), buf_floor);
         if (used + by[j][0] + 2 * rest <= avail) {
             used += by[j][0];
-            u[by[j][1]].resident = 1;
+            u[by[j][1]]->resident = 1;
         } else {
             skipped_max = DF_MAX(skipped_max, by[j][0]);
         }
     }
     free(by);
+    return used;
 }
 
 static void store_print_gib(char *buf, size_t cap, uint64_t n) {
@@ -157,6 +160,19 @@ static uint64_t store_largest_tensor(const df_store *st) {
     return big;
 }
 
+/* The buffer bytes the largest of lm_head's tiles takes, as tiled now. */
+static uint64_t store_tile_bytes(const df_store *st, const store_item *h) {
+    spine_unit *t = xcalloc((size_t)st->head.n, sizeof *t);
+    tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, t);
+    uint64_t big = 0;
+    for (int j = 0; j < st->head.n; j++) {
+        big = DF_MAX(big, spine_unit_bytes(&t[j]));
+        free(t[j].r);
+    }
+    free(t);
+    return big;
+}
+
 /* Spine units for streaming, in the order a pass uses them: each layer's (whole, or with part_cap > 0 a
  * streamed layer's parts of about part_cap bytes), the top-level tensors (resident, without the embedding,
  * which stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan
@@ -170,6 +186,7 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
     if (h) {   /* tiles of the requested rows, else of the largest streamed unit (at least 64 MiB, for big reads) */
         floor = st->opts.head_tile_rows > 0 ? (uint64_t)st->opts.head_tile_rows * row : 64ull << 20;
         tiles_init(&st->head, &h->view, row, floor, 0);
+        floor = store_tile_bytes(st, h);   /* as a buffer holds them (a small lm_head has smaller tiles) */
     }
     if (part_cap) part_cap = DF_MAX(part_cap, store_largest_tensor(st));
     int cap = 1 + (h ? st->head.n : 0);
@@ -179,38 +196,59 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
     store_layer_units(st, st->n_layers, UINT64_MAX, &g);
     g.resident = 1;
     uint64_t fixed = st->reserve_bytes + min_cache + spine_unit_bytes(&g), need = fixed, big = 0;
-    if (fixed < budget) store_choose_resident(st, whole, budget - fixed, DF_MAX(floor, part_cap), part_cap > 0);
-    int k = 0;
-    st->streamed_layers = st->split_layers = 0;
+    spine_unit **pick = xmalloc(sizeof *pick * (size_t)cap);
+    for (int l = 0; l < st->n_layers; l++) pick[l] = &whole[l];
+    if (fixed < budget)
+        need += store_choose_resident(st, pick, st->n_layers, budget - fixed, DF_MAX(floor, part_cap), part_cap > 0);
+    int k = 0, n_pick = 0;
     for (int l = 0; l < st->n_layers; l++) {
-        df_store_layer *L = &st->layers[l];
-        int resident = whole[l].resident;
-        L->unit0 = k;
-        if (resident || !part_cap) {
+        st->layers[l].unit0 = k;
+        if (whole[l].resident || !part_cap) {
+            if (!whole[l].resident) big = DF_MAX(big, spine_unit_bytes(&whole[l]));
             u[k++] = whole[l];
-        } else {
-            free(whole[l].r);
-            k += store_layer_units(st, l, part_cap, &u[k]);
-            st->split_layers += L->n_parts > 1;
+            continue;
         }
-        st->streamed_layers += !resident;
-        for (int j = L->unit0; j < k; j++)
-            if (resident) need += spine_unit_bytes(&u[j]);
-            else big = DF_MAX(big, spine_unit_bytes(&u[j]));
+        free(whole[l].r);
+        int n = store_layer_units(st, l, part_cap, &u[k]);
+        for (int j = 0; j < n; j++) pick[n_pick++] = &u[k + j];
+        k += n;
     }
     st->global_unit = k;
     u[k++] = g;
-    if (h) {
-        if (st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, k);
+    if (h) {   /* beside whole layers, tiles as large as the largest; beside parts they stay small, kept like parts */
+        if (!part_cap && st->opts.head_tile_rows <= 0 && big > floor) tiles_init(&st->head, &h->view, row, big, k);
         st->head.first_unit = k;
         tiles_units(&st->head, h->ref.shard, store_ref_offset(st, h->ref), h->ref.t->elem_size, u + k);
-        for (int j = 0; j < st->head.n; j++) big = DF_MAX(big, spine_unit_bytes(&u[k + j]));
+        for (int j = 0; part_cap && j < st->head.n; j++) pick[n_pick++] = &u[k + j];
         k += st->head.n;   /* re-tiled to the largest unit: no more tiles than allocated for */
     }
+    /* Parts and tiles too: a resident byte saves a read every pass, more than a byte of expert slots can */
+    if (n_pick && need < budget) need += store_choose_resident(st, pick, n_pick, budget - need, 0, 0);
+    free(pick);
+    big = 0;
+    for (int j = 0; j < k; j++)
+        if (!u[j].resident) big = DF_MAX(big, spine_unit_bytes(&u[j]));
+    st->streamed_layers = st->split_layers = st->head_resident = 0;
+    for (int l = 0; l < st->n_layers; l++) {
+        const df_store_layer *L = &st->layers[l];
+        int streamed = 0;
+        for (int j = L->unit0; j < L->unit0 + L->n_parts; j++) streamed |= !u[j].resident;
+        st->streamed_layers += streamed;
+        st->split_layers += streamed && L->n_parts > 1;
+    }
+    for (int j = 0; h && j < st->head.n; j++) st->head_resident += u[st->head.first_unit + j].resident;
     free(whole);
     *out = u;
     *n_units = k;
     return need + 2 * big;
+}
+
+/* Bytes a pass reads of the spine under a plan: its streamed units. */
+static uint64_t store_streamed_bytes(const spine_unit *u, int n) {
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++)
+        if (!u[i].resident) b += spine_unit_bytes(&u[i]);
+    return b;
 }
 
 static void store_units_free(spine_unit *u, int n) {
@@ -226,7 +264,7 @@ static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
     int n = 0;
     uint64_t need = store_stream_plan(st, 0, min_cache, 1, 1, &u, &n) - st->reserve_bytes;
     store_units_free(u, n);
-    st->head_tiled = st->streamed_layers = st->split_layers = 0;
+    st->head_tiled = st->streamed_layers = st->split_layers = st->head_resident = 0;
     for (int l = 0; l < st->n_layers; l++) st->layers[l].n_parts = 1;
     if (need + (64ull << 20) <= (1ull << 30)) return need + (64ull << 20);
     if (need / 15 * 16 <= (16ull << 30)) return (need + 14) / 15 * 16;
@@ -262,15 +300,20 @@ int plan_build(df_store *st, df_error *err) {
         st->reserve_bytes + st->spine_bytes + min_cache > budget) {
         int n_units = 0, tiled = st->opts.head_tile_rows > 0;
         spine_unit *u = NULL;
-        uint64_t part = st->opts.spine_part_bytes;
-        uint64_t need = store_stream_plan(st, budget, min_cache, tiled, part, &u, &n_units);
+        uint64_t part = st->opts.spine_part_bytes, need = store_stream_plan(st, budget, min_cache, tiled, part, &u,
+                                                                              &n_units);
         if (need > budget && !tiled && store_head_tileable(st)) {   /* lm_head resident does not fit: tile it */
             store_units_free(u, n_units);
             need = store_stream_plan(st, budget, min_cache, tiled = 1, part, &u, &n_units);
         }
-        if (need > budget && !part) {   /* two buffers of a whole layer do not fit: cut layers into parts */
+        if (!part) {   /* layers in parts, if whole ones do not fit or leave more to read every pass */
+            uint64_t whole = need <= budget ? store_streamed_bytes(u, n_units) : UINT64_MAX;
             store_units_free(u, n_units);
-            need = store_stream_plan(st, budget, min_cache, 1, part = 1, &u, &n_units);
+            need = store_stream_plan(st, budget, min_cache, 1, 1, &u, &n_units);
+            if (whole != UINT64_MAX && (need > budget || store_streamed_bytes(u, n_units) >= whole)) {
+                store_units_free(u, n_units);   /* the whole-layer plan again, as it was */
+                need = store_stream_plan(st, budget, min_cache, tiled, 0, &u, &n_units);
+            }
         }
         if (need > budget) {
             store_print_gib(b1, sizeof b1, full);

@@ -114,6 +114,7 @@ struct df_store {
     placement place;                 /* experts copied to other folders (n_folders 0: none) */
     heat *heat;                      /* per-expert heat (DF_HEAT_ON / DF_HEAT_READ) */
     int head_tiled;                  /* lm_head streams in row tiles (tiles.h) instead of staying resident */
+    int head_resident;               /* of its tiles, those kept resident (beside layers in parts) */
     tiles head;
     char heat_note[512];
 };
