@@ -173,6 +173,24 @@ static uint64_t store_tile_bytes(const df_store *st, const store_item *h) {
     return big;
 }
 
+/* Counts what a plan streams (layers, those of them in parts, lm_head tiles kept resident); returns the largest
+ * streamed unit, which sizes the two buffers. */
+static uint64_t store_plan_tally(df_store *st, const spine_unit *u, int n) {
+    uint64_t big = 0;
+    for (int j = 0; j < n; j++)
+        if (!u[j].resident) big = DF_MAX(big, spine_unit_bytes(&u[j]));
+    st->streamed_layers = st->split_layers = st->head_resident = 0;
+    for (int l = 0; l < st->n_layers; l++) {
+        const df_store_layer *L = &st->layers[l];
+        int streamed = 0;
+        for (int j = L->unit0; j < L->unit0 + L->n_parts; j++) streamed |= !u[j].resident;
+        st->streamed_layers += streamed;
+        st->split_layers += streamed && L->n_parts > 1;
+    }
+    for (int j = 0; st->head_tiled && j < st->head.n; j++) st->head_resident += u[st->head.first_unit + j].resident;
+    return big;
+}
+
 /* Spine units for streaming, in the order a pass uses them: each layer's (whole, or with part_cap > 0 a
  * streamed layer's parts of about part_cap bytes), the top-level tensors (resident, without the embedding,
  * which stays mapped), and with tiled lm_head its tiles; chooses resident layers. Returns the bytes this plan
@@ -225,22 +243,10 @@ static uint64_t store_stream_plan(df_store *st, uint64_t budget, uint64_t min_ca
     /* Parts and tiles too: a resident byte saves a read every pass, more than a byte of expert slots can */
     if (n_pick && need < budget) need += store_choose_resident(st, pick, n_pick, budget - need, 0, 0);
     free(pick);
-    big = 0;
-    for (int j = 0; j < k; j++)
-        if (!u[j].resident) big = DF_MAX(big, spine_unit_bytes(&u[j]));
-    st->streamed_layers = st->split_layers = st->head_resident = 0;
-    for (int l = 0; l < st->n_layers; l++) {
-        const df_store_layer *L = &st->layers[l];
-        int streamed = 0;
-        for (int j = L->unit0; j < L->unit0 + L->n_parts; j++) streamed |= !u[j].resident;
-        st->streamed_layers += streamed;
-        st->split_layers += streamed && L->n_parts > 1;
-    }
-    for (int j = 0; h && j < st->head.n; j++) st->head_resident += u[st->head.first_unit + j].resident;
     free(whole);
     *out = u;
     *n_units = k;
-    return need + 2 * big;
+    return need + 2 * store_plan_tally(st, u, k);
 }
 
 /* Bytes a pass reads of the spine under a plan: its streamed units. */
