@@ -1,9 +1,10 @@
 /* test_tiles.c — big spine pieces streamed through the spine's two buffers give logits bit-identical to the
  * spine in memory: lm_head in row tiles (the bundled model, decode rows and a prefill with every row, and a K3
  * fixture, with tile sizes that do and do not divide the vocabulary), and layers read in parts of a few tensors
- * (asked for, or chosen by the planner for a budget too small for two whole layers) on K3, Kimi-Linear with
- * MLA and the bundled model, with a 1-slot expert cache and a prompt longer than one pass of parts; a part that
- * cannot be read after a KDA mixer has begun updating its states resets the session instead of keeping it. */
+ * (asked for, or chosen by the planner for a budget too small for two whole layers or where parts leave less
+ * to read) on K3, Kimi-Linear with MLA and the bundled model, with a 1-slot expert cache and a prompt longer
+ * than one pass of parts; a part that cannot be read after a KDA mixer has begun updating its states resets the
+ * session instead of keeping it. */
 #include <string.h>
 #include <unistd.h>
 
@@ -156,6 +157,8 @@ int main(void) {
 
     compare_parts("tests/fixtures/k3-tiny", "a budget too small for two whole layers (64.6 MiB)", 0,
                   (uint64_t)(64.6 * (1 << 20)), 0, toks, N, 4);
+    compare_parts("tests/fixtures/k3-tiny", "whole layers would fit, parts leave less to read (65.05 MiB)", 0,
+                  (uint64_t)(65.05 * (1 << 20)), 0, toks, N, 4);
     compare_parts("tests/fixtures/k3-tiny", "one tensor a part, 1 expert slot", 1, 0, 1, toks, N, 4);
     compare_parts("tests/fixtures/kl-mxfp4", "one tensor a part (KDA and MLA layers)", 1, 0, 0, toks, N, 4);
     compare_parts("models/default", "parts of 1 MiB, 2 expert slots", 1 << 20, 0, 2, toks, N, 4);
