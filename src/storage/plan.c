@@ -42,10 +42,13 @@ static int store_layer_units(df_store *st, int layer, uint64_t cap, spine_unit *
     int glob = layer == st->n_layers, n = glob ? st->n_globals : st->layers[layer].n;
     store_item *items = glob ? st->globals : st->layers[layer].items;
     int *region = xmalloc(sizeof *region * (size_t)(n + 1)), *part = xmalloc(sizeof *part * (size_t)(n + 1));
-    int *order = xmalloc(sizeof *order * (size_t)(n + 1)), n_units = 0;
+    int *order = xmalloc(sizeof *order * (size_t)(n + 1)), *rank = xmalloc(sizeof *rank * (size_t)(n + 1));
+    int n_units = 0;
+    for (int j = 0; j < n; j++) rank[j] = store_use_rank(items[j].key);
     for (int i = 0, k = 0; k <= (int)(sizeof store_use_order / sizeof *store_use_order); k++)
         for (int j = 0; j < n; j++)
-            if (store_use_rank(items[j].key) == k) order[i++] = j;
+            if (rank[j] == k) order[i++] = j;
+    free(rank);
     for (int i = 0; i < n; i++) region[i] = part[i] = -1;
     for (int o = 0; o < n; o++) {
         int i = order[o];
