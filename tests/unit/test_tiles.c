@@ -64,49 +64,34 @@ static void compare_parts(const char *dir, const char *label, int64_t part_bytes
     free(got);
 }
 
-/* dir/model.safetensors: src's tensors with `last` moved to the end of the file, and src's config.json; the
- * file offset of that tensor's bytes, or 0 on failure. */
+/* dir: src's config.json (linked) and a model.safetensors of src's tensors with `last` moved to the end of the
+ * file; the file offset of that tensor's bytes, or 0 on failure. */
 static uint64_t write_with_last(const char *dir, const char *src, const char *last) {
     char path[2048];
     snprintf(path, sizeof path, "%s/model.safetensors", src);
     st_file f;
     df_error err = {0};
-    if (st_file_open(&f, path, &err)) return 0;
+    if (ef_link_model(dir, src) || st_file_open(&f, path, &err)) return 0;
     st_write_tensor *ts = xcalloc((size_t)f.n_tensors, sizeof *ts);
     const void **data = xcalloc((size_t)f.n_tensors, sizeof *data);
-    int n = 0, at = -1;
-    for (int i = 0; i < f.n_tensors; i++) {
-        const st_tensor *t = &f.tensors[i];
-        if (!strcmp(t->name, last)) at = i;
-        else ts[n] = (st_write_tensor){t->name, t->dtype_name, t->ndim, {0}, t->end - t->begin}, data[n++] = t->data;
-    }
+    int n = 0;
+    for (int pass = 0; pass < 2; pass++)   /* the others, then `last` */
+        for (int i = 0; i < f.n_tensors; i++) {
+            const st_tensor *t = &f.tensors[i];
+            if ((strcmp(t->name, last) == 0) != pass) continue;
+            ts[n] = (st_write_tensor){t->name, t->dtype_name, t->ndim, {0}, t->end - t->begin};
+            memcpy(ts[n].shape, t->shape, sizeof ts[n].shape);
+            data[n++] = t->data;
+        }
     uint64_t off = 0;
-    if (at >= 0) {
-        const st_tensor *t = &f.tensors[at];
-        ts[n] = (st_write_tensor){t->name, t->dtype_name, t->ndim, {0}, t->end - t->begin};
-        data[n++] = t->data;
-        for (int i = 0; i < n; i++) {
-            const st_tensor *o = st_file_find(&f, ts[i].name);
-            memcpy(ts[i].shape, o->shape, sizeof ts[i].shape);
-        }
-        snprintf(path, sizeof path, "%s/model.safetensors", dir);
-        if (!st_write_file(path, ts, data, n, NULL, 4096, &err)) {
-            st_file g;
-            if (!st_file_open(&g, path, &err)) {
-                off = st_tensor_offset(&g, st_file_find(&g, last));
-                st_file_close(&g);
-            }
-        }
+    snprintf(path, sizeof path, "%s/model.safetensors", dir);
+    unlink(path);   /* the link to src's file, which must not be written through */
+    st_file g;
+    if (n && !strcmp(ts[n - 1].name, last) && !st_write_file(path, ts, data, n, NULL, 4096, &err) &&
+        !st_file_open(&g, path, &err)) {
+        off = st_tensor_offset(&g, st_file_find(&g, last));
+        st_file_close(&g);
     }
-    char from[2048], to[2048];
-    snprintf(from, sizeof from, "%s/config.json", src);
-    snprintf(to, sizeof to, "%s/config.json", dir);
-    size_t len = 0;
-    char *cfg = df_read_file_max(from, 1 << 20, &len, &err);
-    FILE *out = cfg ? fopen(to, "wb") : NULL;
-    if (!out || fwrite(cfg, 1, len, out) != len) off = 0;
-    if (out) fclose(out);
-    free(cfg);
     free(ts);
     free(data);
     st_file_close(&f);
