@@ -279,10 +279,8 @@ static int sim_may_go(const void *ctx, int slot) {
     return !c->strict || (c->held[k] != c->rec && (c->strict < 2 || c->soon[k] != c->rec));
 }
 
-/* lfu+next: marks the keys of the records after r, one pass over the layers' worth, as wanted soon. */
-static void sim_mark_next(const policy_trace *t, int64_t r, int64_t *soon) {
-    int layers = 0;
-    for (int g = 0; g < t->n_groups; g++) layers += t->base[g + 1] > t->base[g];
+/* lfu+next: marks the keys of the records after r, a pass over the layers' worth, as wanted soon. */
+static void sim_mark_next(const policy_trace *t, int64_t r, int layers, int64_t *soon) {
     for (int64_t q = r + 1; q <= r + layers && q < t->n_rec; q++)
         for (int64_t i = t->rec[q]; i < t->rec[q + 1]; i++) soon[t->keys[i]] = r;
 }
@@ -346,9 +344,11 @@ uint64_t policy_simulate(int kind, const policy_trace *t, int n_slots) {
     int used = 0;
     uint64_t hits = 0;
     sim_ctx ctx = {p->slot_key, held, soon, 0, 1};
+    int layers = 0;   /* with routed experts: the records of one token */
+    for (int g = 0; g < t->n_groups; g++) layers += t->base[g + 1] > t->base[g];
     for (int64_t r = 0; r < t->n_rec; r++) {
         ctx.rec = r;
-        if (next) sim_mark_next(t, r, soon);
+        if (next) sim_mark_next(t, r, layers, soon);
         for (int64_t i = t->rec[r]; i < t->rec[r + 1]; i++) held[t->keys[i]] = r;
         for (int64_t i = t->rec[r]; i < t->rec[r + 1]; i++) {
             int64_t k = t->keys[i];
