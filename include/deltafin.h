@@ -222,11 +222,16 @@ typedef struct df_stats {
 } df_stats;
 DF_API void df_engine_stats(const df_engine *eng, df_stats *out);
 /* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess
- * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and whether
- * its guesses are being read now (auto's current decision). Zeros for layers without routed experts. */
+ * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and how many
+ * of its guess's most confident ranks are being read now (auto's current decision; 0: none). A guess ranks
+ * its experts by the router's confidence (0 = a token's top choice); per rank, how many experts the scored
+ * guesses named and how many of those the layer used (precision); ranks from DF_LOOKAHEAD_RANKS - 1 on are
+ * counted together. Zeros for layers without routed experts. */
+#define DF_LOOKAHEAD_RANKS 32
 typedef struct df_layer_lookahead {
     uint64_t requests, recalled, loads;
-    int reading;
+    uint64_t guessed_rank[DF_LOOKAHEAD_RANKS], recalled_rank[DF_LOOKAHEAD_RANKS];
+    int read_ranks;
 } df_layer_lookahead;
 DF_API void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
 /* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */

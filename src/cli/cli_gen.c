@@ -209,8 +209,10 @@ void cli_lookahead_line(df_engine *eng, FILE *f) {
         df_layer_lookahead la;
         df_engine_lookahead_layer(eng, l, &la);
         if (!la.requests && !la.loads) continue;
-        fprintf(f, "%s L%d %.0f%%%s", any++ ? "," : "look-ahead recall per layer (* = guesses read now):", l,
-                la.requests ? 100.0 * (double)la.recalled / (double)la.requests : 0.0, la.reading ? "*" : "");
+        fprintf(f, "%s L%d %.0f%%", any++ ? "," : "look-ahead recall per layer (*N = its N surest guesses read now, "
+                "* = all):", l, la.requests ? 100.0 * (double)la.recalled / (double)la.requests : 0.0);
+        if (la.read_ranks >= DF_LOOKAHEAD_RANKS) fputc('*', f);
+        else if (la.read_ranks) fprintf(f, "*%d", la.read_ranks);
     }
     if (any) fputc('\n', f);
 }

@@ -477,7 +477,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
 }
 
 void df_engine_lookahead_layer(const df_engine *e, int layer, df_layer_lookahead *out) {
-    store_lookahead_layer(e->store, layer, &out->requests, &out->recalled, &out->loads, &out->reading);
+    store_lookahead_layer(e->store, layer, out);
 }
 void df_engine_warm_wait(df_engine *e) { store_warm_wait(e->store); }
 

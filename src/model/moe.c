@@ -262,11 +262,24 @@ static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, 
  * layer i+1 will ask for. It only reads ahead: routing and results are untouched, and it never waits for layer
  * i+1's spine (its router matrix is used only when that spine is in memory). Returns 1 when it made a guess or
  * storage wants none. */
+/* The guess most confident first: each expert at the best rank a token chose it at (0 = a top choice), so
+ * storage can read just the surest part of it. Returns how many experts it names. */
+static int guess_rank(const df_config *c, const df_routing *r, int T, int *best, int *ids, int *rank) {
+    int E = c->n_experts, k = c->topk, n = 0;
+    for (int e = 0; e < E; e++) best[e] = k;
+    for (int t = 0; t < T; t++)
+        for (int j = 0; j < k; j++) best[r->ids[t * k + j]] = DF_MIN(best[r->ids[t * k + j]], j);
+    for (int j = 0; j < k; j++)
+        for (int e = 0; e < E; e++)
+            if (best[e] == j) ids[n] = e, rank[n++] = j;
+    return n;
+}
+
 static int moe_lookahead(df_fwd *f, const float *x, int T) {
     const df_config *c = &f->m->cfg;
-    int next = f->layer + 1, d = c->d;
+    int next = f->layer + 1, d = c->d, read_ranks;
     if (next >= c->n_layers || c->ffn[next] != FFN_MOE) return 1;
-    int plan = store_lookahead_plan(f->m->store, next);
+    int plan = store_lookahead_plan(f->m->store, next, &read_ranks);
     if (!plan) return 1;
     const df_store_layer *nl;
     store_layer_peek(f->m->store, next, &nl);
@@ -278,7 +291,10 @@ static int moe_lookahead(df_fwd *f, const float *x, int T) {
     for (int64_t i = 0; i < (int64_t)T * d; i++) xs[i] = wi[i % d] != 0.0f ? x[i] / wi[i % d] * wn[i % d] : 0.0f;
     df_routing r;
     route_batch(f, &nw->moe, xs, T, &r);
-    store_experts_hint(f->m->store, next, r.uniq, r.n_uniq, plan == STORE_LOOKAHEAD_READ);
+    int *best = SCRATCH_NEW(f->sc, int, c->n_experts), *ids = SCRATCH_NEW(f->sc, int, c->n_experts),
+        *rank = SCRATCH_NEW(f->sc, int, c->n_experts);
+    int n = guess_rank(c, &r, T, best, ids, rank);
+    store_experts_hint(f->m->store, next, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
     scratch_release(f->sc, mark);
     store_layer_release(f->m->store, nl);
     return 1;
@@ -328,7 +344,7 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
 size_t moe_scratch_bytes(const df_config *c, int T) {
     int E = c->n_experts, k = c->topk, Dz = config_expert_dim(c);
     size_t td = scratch_size((size_t)T * c->d, sizeof(float)), tz = scratch_size((size_t)T * Dz, sizeof(float));
-    size_t route = route_scratch_bytes(c, T), lookahead = td + route;
+    size_t route = route_scratch_bytes(c, T), lookahead = td + route + 3 * scratch_size(c->n_experts, sizeof(int));
     size_t shared = c->n_shared > 0 ? td + glu_scratch_bytes(c->moe_inter * c->n_shared, T) : 0;
     size_t parts = scratch_size(E, sizeof(int)) + scratch_size((size_t)E + 1, sizeof(expert_part)) +
                    scratch_size((size_t)T * k, sizeof(int)) + scratch_size((size_t)T * k, sizeof(float)) +

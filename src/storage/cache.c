@@ -43,7 +43,7 @@ struct ecache {
     int *pq_ids;
     int pq_cap;
     int loading;
-    uint8_t *hinted;     /* key -> named by the layer's last hint */
+    uint8_t *hinted;     /* key -> 1 + its rank in the layer's last hint (0: not named) */
     uint8_t *hint_layer; /* layer -> has a hint not yet matched by a prefetch */
     ecache_hint_stats *lh; /* per layer */
     policy *pol;         /* which ready slot to evict (policy.c) */
@@ -256,24 +256,28 @@ static void ec_top_up(ecache *c) {
 static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
     if (!c->hint_layer[layer]) return;
     c->hint_layer[layer] = 0;
+    c->lh[layer].scored++;
     c->st.lookahead_requests += (uint64_t)n;
     c->lh[layer].requests += (uint64_t)n;
     for (int i = 0; i < n; i++) {
         uint8_t named = c->hinted[ec_key(c, layer, ids[i])];
-        c->st.lookahead_recalled += named;
-        c->lh[layer].recalled += named;
+        if (!named) continue;
+        c->st.lookahead_recalled++;
+        c->lh[layer].recalled++;
+        c->lh[layer].recalled_rank[named - 1]++;
     }
-    for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++) c->lh[layer].guessed += c->hinted[k];
+    for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++)
+        if (c->hinted[k]) c->lh[layer].guessed++, c->lh[layer].guessed_rank[c->hinted[k] - 1]++;
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
 }
 
-void ecache_hint(ecache *c, int layer, const int *ids, int n, int read) {
+void ecache_hint(ecache *c, int layer, const int *ids, const int *rank, int n, int read_ranks) {
     pthread_mutex_lock(&c->mu);
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
     c->hint_layer[layer] = 1;
-    for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = 1;
-    c->lh[layer].read_hints += read != 0;
-    for (int i = 0; read && i < n; i++) {
+    for (int i = 0; i < n; i++) c->hinted[ec_key(c, layer, ids[i])] = (uint8_t)(1 + DF_MIN(rank[i], DF_LOOKAHEAD_RANKS - 1));
+    c->lh[layer].read_hints += read_ranks > 0;
+    for (int i = 0; i < n && rank[i] < read_ranks; i++) {
         if (c->map[ec_key(c, layer, ids[i])] >= 0) continue;
         int v = ec_victim(c, 0);
         if (v < 0) break;

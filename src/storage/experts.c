@@ -262,24 +262,27 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
     return DF_OK;
 }
 
-int store_lookahead_plan(df_store *st, int layer) {
-    return store_expert_count(st, layer) ? readahead_plan(st->ra, layer) : STORE_LOOKAHEAD_SKIP;
+int store_lookahead_plan(df_store *st, int layer, int *read_ranks) {
+    *read_ranks = 0;
+    return store_expert_count(st, layer) ? readahead_plan(st->ra, layer, read_ranks) : STORE_LOOKAHEAD_SKIP;
 }
 
-void store_experts_hint(df_store *st, int layer, const int *ids, int n, int read) {
-    int *ok = xmalloc(sizeof *ok * ((size_t)n + 1)), m = 0;
+void store_experts_hint(df_store *st, int layer, const int *ids, const int *rank, int n, int read_ranks) {
+    int *ok = xmalloc(sizeof *ok * 2 * ((size_t)n + 1)), *ok_rank = ok + n + 1, m = 0;
     for (int i = 0; i < n; i++)
-        if (store_expert_locate(st, layer, ids[i])) ok[m++] = ids[i];
-    if (m) ecache_hint(st->cache, layer, ok, m, read);
+        if (store_expert_locate(st, layer, ids[i])) ok_rank[m] = rank[i], ok[m++] = ids[i];
+    if (m) ecache_hint(st->cache, layer, ok, ok_rank, m, read_ranks);
     free(ok);
 }
 
-void store_lookahead_layer(df_store *st, int layer, uint64_t *requests, uint64_t *recalled, uint64_t *loads,
-                           int *reading) {
+void store_lookahead_layer(df_store *st, int layer, df_layer_lookahead *out) {
     ecache_hint_stats h = {0};
     if (st->cache && store_expert_count(st, layer)) ecache_hint_layer(st->cache, layer, &h);
-    *requests = h.requests, *recalled = h.recalled, *loads = h.loads;
-    *reading = store_expert_count(st, layer) && readahead_reading(st->ra, layer);
+    memset(out, 0, sizeof *out);
+    out->requests = h.requests, out->recalled = h.recalled, out->loads = h.loads;
+    memcpy(out->guessed_rank, h.guessed_rank, sizeof out->guessed_rank);
+    memcpy(out->recalled_rank, h.recalled_rank, sizeof out->recalled_rank);
+    out->read_ranks = store_expert_count(st, layer) ? readahead_reading(st->ra, layer) : 0;
 }
 
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {

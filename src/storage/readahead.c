@@ -10,7 +10,8 @@
 
 #include "../common/util.h"
 
-#define RA_WINDOW_REQUESTS 16   /* a layer's recall is updated after this many scored requests */
+#define RA_WINDOW_REQUESTS 16   /* a layer's precisions are updated after this many scored requests */
+#define RA_RANKS DF_LOOKAHEAD_RANKS
 #define RA_WINDOW_S 0.05        /* utilisation and hit rate are updated after this much wall time */
 #define RA_SAMPLE 4             /* while not reading, score one guess in this many */
 #define RA_SMOOTH 0.3           /* weight of the newest window */
@@ -21,10 +22,11 @@
 
 typedef struct ra_layer {
     ecache_hint_stats at;       /* counters at the start of the current window */
-    double recall, precision;   /* < 0: not measured yet */
+    double precision[RA_RANKS], size[RA_RANKS];   /* per rank (ra_inputs); < 0: not measured yet */
+    double per_pass;            /* < 0: not measured yet */
     double wait_on, wait_off;   /* seconds a pass waited with guesses read / without; < 0: not measured yet */
     ecache_hint_stats seen;     /* counters at the last plan */
-    int reading;
+    int reading;                /* ranks read now */
     unsigned calls;
 } ra_layer;
 
@@ -41,10 +43,19 @@ struct readahead {
 
 static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
 
-int ra_should_read(const ra_inputs *in, int reading) {
-    double fit = in->util <= 0 ? 1.0 : DF_MIN(1.0, (1 - in->util) / in->util);
-    double gain = in->recall * fit * (1 - in->hit_rate), cost = (1 - in->precision) * ((1 - fit) + in->hit_rate);
-    return reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05;
+int ra_read_ranks(const ra_inputs *in, int reading) {
+    double u = in->util, h = in->hit_rate, named = 0, right = 0, wrong = 0, best_net = 0;
+    int best = 0;
+    for (int w = 1; w <= in->n_ranks && in->precision[w - 1] >= 0; w++) {
+        double n = in->size[w - 1], p = in->precision[w - 1];
+        named += n, right += n * p, wrong += n * (1 - p);
+        if (named <= 0) continue;
+        double fit = u <= 0 ? 1.0 : DF_MIN(1.0, (1 - u) / u * in->per_pass / named);
+        double gain = right * fit * (1 - h), cost = wrong * ((1 - fit) + h);
+        int pays = reading ? gain >= cost : gain > RA_HYSTERESIS * cost && gain > 0.05 * named;
+        if (pays && gain - cost > best_net) best = w, best_net = gain - cost;
+    }
+    return best;
 }
 
 readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
@@ -55,7 +66,11 @@ readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
     ra->cache = cache;
     ra->pool = pool;
     ra->l = xcalloc((size_t)n_layers + 1, sizeof *ra->l);
-    for (int i = 0; i < n_layers; i++) ra->l[i].recall = ra->l[i].precision = ra->l[i].wait_on = ra->l[i].wait_off = -1;
+    for (int i = 0; i < n_layers; i++) {
+        ra_layer *L = &ra->l[i];
+        L->per_pass = L->wait_on = L->wait_off = -1;
+        for (int r = 0; r < RA_RANKS; r++) L->precision[r] = L->size[r] = -1;
+    }
     ra->util = ra->hit_rate = -1;
     ra->t0 = df_now();
     ra->busy0 = pool ? io_pool_busy_seconds(pool) : 0;
@@ -82,8 +97,8 @@ static void ra_global(readahead *ra) {
     ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->misses0 = cs.misses;
 }
 
-/* Lock held. Attributes the layer's waits since the last plan to reading or not, and closes its recall window
- * when it has enough scored requests. */
+/* Lock held. Attributes the layer's waits since the last plan to reading or not, and closes its precision
+ * window when it has enough scored requests. A rank's precision is measured once its guesses named an expert. */
 static void ra_layer_update(readahead *ra, int layer) {
     ra_layer *L = &ra->l[layer];
     ecache_hint_stats now;
@@ -95,31 +110,40 @@ static void ra_layer_update(readahead *ra, int layer) {
         else L->wait_off = ra_mix(L->wait_off, w);
         L->seen = now;
     }
-    uint64_t req = now.requests - L->at.requests, rec = now.recalled - L->at.recalled, g = now.guessed - L->at.guessed;
-    if (req < RA_WINDOW_REQUESTS) return;
-    L->recall = ra_mix(L->recall, (double)rec / (double)req);
-    L->precision = ra_mix(L->precision, g ? (double)rec / (double)g : 0.0);
+    uint64_t req = now.requests - L->at.requests, scored = now.scored - L->at.scored;
+    if (req < RA_WINDOW_REQUESTS || !scored) return;
+    L->per_pass = ra_mix(L->per_pass, (double)req / (double)scored);
+    for (int r = 0; r < RA_RANKS; r++) {
+        uint64_t g = now.guessed_rank[r] - L->at.guessed_rank[r], rec = now.recalled_rank[r] - L->at.recalled_rank[r];
+        L->size[r] = ra_mix(L->size[r], (double)g / (double)scored);
+        if (g) L->precision[r] = ra_mix(L->precision[r], (double)rec / (double)g);
+    }
     L->at = now;
 }
 
-int readahead_plan(readahead *ra, int layer) {
+int readahead_plan(readahead *ra, int layer, int *read_ranks) {
+    *read_ranks = 0;
     if (!ra->cache || layer < 0 || layer >= ra->n_layers) return STORE_LOOKAHEAD_SKIP;
-    if (ra->mode != DF_LOOKAHEAD_AUTO) return ra->mode == DF_LOOKAHEAD_ON ? STORE_LOOKAHEAD_READ : STORE_LOOKAHEAD_SKIP;
+    if (ra->mode != DF_LOOKAHEAD_AUTO) {
+        *read_ranks = RA_RANKS;
+        return ra->mode == DF_LOOKAHEAD_ON ? STORE_LOOKAHEAD_READ : STORE_LOOKAHEAD_SKIP;
+    }
     pthread_mutex_lock(&ra->mu);
     ra_global(ra);
     ra_layer_update(ra, layer);
     ra_layer *L = &ra->l[layer];
     int rule = 0;
-    if (L->recall >= 0 && ra->util >= 0) {
-        ra_inputs in = {L->recall, L->precision, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
-        rule = ra_should_read(&in, L->reading);
+    if (L->per_pass >= 0 && ra->util >= 0) {
+        ra_inputs in = {L->precision, L->size, RA_RANKS, L->per_pass, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
+        rule = ra_read_ranks(&in, L->reading > 0);
     }
     int worse = L->wait_on >= 0 && L->wait_off >= 0 && L->wait_on > RA_MIN_GAIN * L->wait_off;
-    L->reading = rule && !worse;
+    L->reading = worse ? 0 : rule;
     int plan = STORE_LOOKAHEAD_SKIP;
     if (L->reading) plan = L->calls % RA_SAMPLE_OFF == RA_SAMPLE_OFF - 1 ? STORE_LOOKAHEAD_SCORE : STORE_LOOKAHEAD_READ;
     else if (rule && L->calls % RA_RETRY == 0) plan = STORE_LOOKAHEAD_READ;
     else if (L->calls % RA_SAMPLE == 0) plan = STORE_LOOKAHEAD_SCORE;
+    if (plan == STORE_LOOKAHEAD_READ) *read_ranks = rule;
     L->calls++;
     pthread_mutex_unlock(&ra->mu);
     return plan;
@@ -127,7 +151,7 @@ int readahead_plan(readahead *ra, int layer) {
 
 int readahead_reading(readahead *ra, int layer) {
     if (!ra->cache || layer < 0 || layer >= ra->n_layers || ra->mode == DF_LOOKAHEAD_OFF) return 0;
-    if (ra->mode == DF_LOOKAHEAD_ON) return 1;
+    if (ra->mode == DF_LOOKAHEAD_ON) return RA_RANKS;
     pthread_mutex_lock(&ra->mu);
     int r = ra->l[layer].reading;
     pthread_mutex_unlock(&ra->mu);

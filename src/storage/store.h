@@ -118,16 +118,17 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
 /* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
  * the file and tensor). */
 /* Look-ahead: what the model should do now about guessing this coming layer's experts (readahead.h decides):
- * nothing, guess and hint without reading (storage measures the guesses' recall), or guess and hint to read. */
+ * nothing, guess and hint without reading (storage measures the guesses' precision), or guess and hint to
+ * read the *read_ranks most confident ranks of the guess. */
 enum { STORE_LOOKAHEAD_SKIP = 0, STORE_LOOKAHEAD_SCORE = 1, STORE_LOOKAHEAD_READ = 2 };
-int store_lookahead_plan(df_store *st, int layer);
-/* Guess (look-ahead): these experts of a coming layer may be needed; with read, storage reads those not cached
- * into idle slots at low priority, leaving the current prefetch alone. Either way the layer's next prefetch
- * scores the guess. Out-of-range ids are ignored. */
-void store_experts_hint(df_store *st, int layer, const int *ids, int n, int read);
+int store_lookahead_plan(df_store *st, int layer, int *read_ranks);
+/* Guess (look-ahead): these experts of a coming layer may be needed, most confident first, rank[i] (ascending)
+ * being ids[i]'s confidence rank; storage reads those ranked below read_ranks that are not cached into idle
+ * slots at low priority, leaving the current prefetch alone. Either way the layer's next prefetch scores the
+ * guess. Out-of-range ids are ignored. */
+void store_experts_hint(df_store *st, int layer, const int *ids, const int *rank, int n, int read_ranks);
 /* Per-layer look-ahead counters (df_layer_lookahead of deltafin.h). */
-void store_lookahead_layer(df_store *st, int layer, uint64_t *requests, uint64_t *recalled, uint64_t *loads,
-                           int *reading);
+void store_lookahead_layer(df_store *st, int layer, df_layer_lookahead *out);
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err);
 /* Arrival order: acquires whichever of ids[0..n) (this layer's prefetched selection) not yet marked in done[]
  * is in memory first, waiting only while none is; marks it and sets *which to its index in ids. Call n times

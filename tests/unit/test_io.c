@@ -95,9 +95,9 @@ static void test_hint(void) {
     io_pool *pool = io_pool_new(2);
     int ne[3] = {8, 8, 8};
     ecache *c = ecache_new(3, ne, 4, IO_ALIGN, pool, fake_load, NULL);
-    int cur[2] = {0, 1}, guess[3] = {2, 3, 4}, real[2] = {2, 5};
+    int cur[2] = {0, 1}, guess[3] = {2, 3, 4}, rank[3] = {0, 1, 1}, real[2] = {2, 5};
     ecache_prefetch(c, 0, cur, 2);
-    ecache_hint(c, 1, guess, 3, 1);
+    ecache_hint(c, 1, guess, rank, 3, 2);
     df_expert x;
     df_error err = {0};
     int ok = 1;
@@ -119,6 +119,38 @@ static void test_hint(void) {
     CHECK(ok && s.lookahead_requests == 2 && s.lookahead_recalled == 1 && s.hits == 1 && s.misses == 3,
           "hint: recall scored (%llu of %llu), the guessed expert served without a second read",
           (unsigned long long)s.lookahead_recalled, (unsigned long long)s.lookahead_requests);
+    ecache_hint_stats h;
+    ecache_hint_layer(c, 1, &h);
+    CHECK(h.scored == 1 && h.guessed_rank[0] == 1 && h.recalled_rank[0] == 1 && h.guessed_rank[1] == 2 &&
+          h.recalled_rank[1] == 0 && h.guessed_rank[2] == 0, "hint: precision scored per rank (rank 0: %llu of %llu, "
+          "rank 1: %llu of %llu)", (unsigned long long)h.recalled_rank[0], (unsigned long long)h.guessed_rank[0],
+          (unsigned long long)h.recalled_rank[1], (unsigned long long)h.guessed_rank[1]);
+    ecache_free(c);
+    io_pool_free(pool);
+}
+
+/* A hint read to one rank reads only the experts the router was surest of, however many slots are idle. */
+static void test_hint_ranks(void) {
+    io_pool *pool = io_pool_new(2);
+    int ne[2] = {8, 8};
+    ecache *c = ecache_new(2, ne, 6, IO_ALIGN, pool, fake_load, NULL);
+    int guess[4] = {6, 1, 3, 0}, rank[4] = {0, 0, 1, 2};
+    ecache_hint(c, 1, guess, rank, 4, 1);
+    ecache_hint_stats h;
+    ecache_hint_layer(c, 1, &h);
+    int real[2] = {1, 6}, ok = 1;
+    ecache_prefetch(c, 1, real, 2);
+    for (int i = 0; i < 2; i++) {
+        df_expert x;
+        df_error err = {0};
+        ok &= ecache_acquire(c, 1, real[i], &x, &err) == DF_OK && ((uint8_t *)x.w1.data)[0] == 16 + real[i];
+        ecache_release(c, 1, real[i]);
+    }
+    ecache_stats s;
+    ecache_get_stats(c, &s);
+    CHECK(ok && h.loads == 2 && h.read_hints == 1 && s.hits == 2 && s.misses == 0,
+          "hint: read to rank 1, only the two rank-0 experts are read, and serve the layer (loads %llu, hits %llu)",
+          (unsigned long long)h.loads, (unsigned long long)s.hits);
     ecache_free(c);
     io_pool_free(pool);
 }
@@ -192,6 +224,7 @@ int main(void) {
     check_source(path, IO_KIND_URING, hook, "O_DIRECT refused at open");
     unlink(path);
     test_hint();
+    test_hint_ranks();
     test_lookahead();
     TEST_EXIT();
 }

@@ -169,21 +169,33 @@ static void check_fixture(const char *dir, const char *name, const ef_prompt *p)
 
 /* ---- the look-ahead cost model ------------------------------------------------------------------------ */
 
+/* One token's guess of 8 experts (size 1 per rank) with these precisions, against a layer that reads 8. */
+static int ranks_read(const double *precision, double util, double hit_rate, int reading) {
+    double size[8] = {1, 1, 1, 1, 1, 1, 1, 1};
+    ra_inputs in = {precision, size, 8, 8.0, util, hit_rate};
+    return ra_read_ranks(&in, reading);
+}
+
 static void test_policy(void) {
-    /* {recall, precision, utilisation, hit rate}; fit = min(1, (1 - u) / u);
-     * gain = recall x fit x (1 - hit), cost = (1 - precision) x ((1 - fit) + hit) */
-    ra_inputs busy = {0.9, 0.9, 1.0, 0.0}, idle_good = {0.75, 0.75, 0.3, 0.1}, busy_poor = {0.3, 0.3, 0.8, 0.2},
-              cached = {0.5, 0.5, 0.05, 0.95}, trained = {0.76, 0.76, 0.7, 0.05}, random = {0.5, 0.5, 0.7, 0.05};
-    CHECK(!ra_should_read(&busy, 0) && !ra_should_read(&busy, 1),
+    /* fit = min(1, (1 - u) / u x 8 / w) for the w surest ranks; gain = sum p x fit x (1 - hit),
+     * cost = sum (1 - p) x ((1 - fit) + hit); the width worth most is read */
+    double p90[8] = {.9, .9, .9, .9, .9, .9, .9, .9}, p75[8] = {.75, .75, .75, .75, .75, .75, .75, .75},
+           p50[8] = {.5, .5, .5, .5, .5, .5, .5, .5}, p76[8] = {.76, .76, .76, .76, .76, .76, .76, .76},
+           falling[8] = {.95, .9, .8, .6, .4, .3, .2, .1}, gap[8] = {.9, -1, .9, .9, .9, .9, .9, .9};
+    CHECK(!ranks_read(p90, 1.0, 0.0, 0) && !ranks_read(p90, 1.0, 0.0, 1),
           "policy: a saturated disk never reads guesses (no idle time to fill)");
-    CHECK(ra_should_read(&idle_good, 0), "policy: 75%% recall with the disk 30%% busy reads guesses");
-    CHECK(!ra_should_read(&busy_poor, 0) && !ra_should_read(&busy_poor, 1),
-          "policy: 30%% recall with the disk 80%% busy does not");
-    CHECK(!ra_should_read(&cached, 0), "policy: a cache that already serves 95%% does not trade it for guesses");
-    CHECK(ra_should_read(&trained, 0) && !ra_should_read(&random, 0), "policy: with the disk 70%% busy, a trained "
-          "router's 76%% recall pays (gain 0.31, cost 0.15), random weights' 50%% does not (gain 0.20, cost 0.31)");
-    ra_inputs between = {0.6, 0.5, 0.65, 0.1};   /* gain 0.291, cost 0.281: keep reading, but do not start */
-    CHECK(ra_should_read(&between, 1) && !ra_should_read(&between, 0), "policy: hysteresis between start and stop");
+    CHECK(ranks_read(p75, 0.3, 0.1, 0) == 8, "policy: 75%% precision with the disk 30%% busy reads the whole guess");
+    CHECK(!ranks_read(p50, 0.05, 0.95, 0), "policy: a cache that already serves 95%% does not trade it for guesses");
+    int r50 = ranks_read(p50, 0.7, 0.05, 0), r76 = ranks_read(p76, 0.7, 0.05, 0);
+    CHECK(r50 == 3 && r76 == 4, "policy: with the disk 70%% busy (idle time for 3.4 reads), 50%% precision reads "
+          "the 3 reads that fit (%d), 76%% one more (%d)", r50, r76);
+    CHECK(ranks_read(falling, 0.9, 0.05, 0) == 1, "policy: with the disk 90%% busy only the surest guess is read "
+          "(95%% precision; the second, 90%%, would spill into busy time)");
+    CHECK(ranks_read(gap, 0.3, 0.0, 0) == 1, "policy: ranks past one not yet measured are not read");
+    double one[1] = {0.55}, size[1] = {1};
+    ra_inputs between = {one, size, 1, 1.0, 0.65, 0.1};   /* gain 0.267, cost 0.253: keep reading, do not start */
+    CHECK(ra_read_ranks(&between, 1) == 1 && ra_read_ranks(&between, 0) == 0,
+          "policy: hysteresis between start and stop");
 }
 
 int main(void) {
