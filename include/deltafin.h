@@ -75,9 +75,10 @@ typedef struct df_engine_opts {
     int spine;                /* DF_SPINE_BF16 (default) or DF_SPINE_INT8 */
     int io_kind;              /* O_DIRECT reader (--io): 0 = the faster one measured here (io_uring), 1 = pread thread
                                  pool, 2 = io_uring (falls back to pread where io_uring cannot be set up) */
-    int lookahead;            /* DF_LOOKAHEAD_*: predict layer i+1's experts with its router on layer i's MoE input
-                                 and read them early (never changes results); auto (0, the default) reads a
-                                 layer's guesses only while measured recall and spare disk time say it pays */
+    int lookahead;            /* DF_LOOKAHEAD_*: predict a layer's experts with its router on its input before its
+                                 attention runs, and read them meanwhile (never changes results); auto (0, the
+                                 default) reads the surest part of a layer's guesses while their measured
+                                 precision and the disk's idle time say it pays */
     int cache_policy;         /* expert replacement: DF_CACHE_DEFAULT (frequency with decay), _LRU, _LFU, _ARC */
     const char *trace_routing;   /* append every layer's expert selection to this file (`deltafin bench cache`) */
     int heat;                 /* DF_HEAT_ON: count expert use into DIR/.deltafin/heat (saved at close) and warm the
@@ -215,6 +216,7 @@ typedef struct df_stats {
     uint64_t lookahead_requests, lookahead_recalled;   /* experts asked for by layers that had a guess, and
                                                           how many of them the guess named (recall) */
     uint64_t warm_loads;                   /* expert reads started by warming from saved heat */
+    double io_busy_s;                      /* seconds with reads in flight (the disk busy on our behalf) */
     int head_tiles;                        /* lm_head streamed in this many row tiles (0: in memory whole) */
     int split_layers;                      /* streamed layers read in parts, a few tensors at a time */
     uint64_t rollback_replays, rollback_reevals;       /* df_session_truncate calls served from the rollback

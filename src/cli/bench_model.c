@@ -373,6 +373,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     double ebpt = (r->s2.expert_disk_bytes - r->s1.expert_disk_bytes) / gen;
     double sbpt = (r->s2.spine_disk_bytes - r->s1.spine_disk_bytes) / gen;
     double read_gbps = r->decode_s > 0 ? disk / r->decode_s / 1e9 : 0;
+    double busy = r->decode_s > 0 ? (r->s2.io_busy_s - r->s1.io_busy_s) / r->decode_s : 0;
     double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
@@ -392,7 +393,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
-               "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"cache_hit_rate\":%.4f,"
+               "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"read_gbps\":%.4f,\"disk_busy_share\":%.4f,"
+               "\"cache_hit_rate\":%.4f,"
                "\"rss_peak_bytes\":%llu,\"mem_budget_bytes\":%llu,\"cache_slots\":%d,\"streamed_layers\":%d,"
                "\"split_layers\":%d,"
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
@@ -401,7 +403,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
-               r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, read_gbps, hit,
+               r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, read_gbps, busy, hit,
                (unsigned long long)r->rss_peak, (unsigned long long)r->s2.mem_budget, r->s2.cache_slots,
                r->s2.streamed_layers, r->s2.split_layers, r->prefill_s, (unsigned long long)pre_exp,
                (unsigned long long)pre_loads,
@@ -480,8 +482,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                r->reruns, r->compute_wall_s, r->compute_disk_bytes / 1e9,
                r->compute_disk_bytes ? " (not everything fit the cache)" : "",
                r->rerun_same ? "identical to" : "DIFFER from");
-    printf("  disk %.2f GB/%s (experts %.2f, spine %.2f), read %.2f GB/s, cache hit rate %.1f%%\n", bpt / 1e9,
-           r->parallel > 1 ? "generated token" : "token", ebpt / 1e9, sbpt / 1e9, read_gbps, 100 * hit);
+    printf("  disk %.2f GB/%s (experts %.2f, spine %.2f), read %.2f GB/s, reads in flight %.0f%% of the time, "
+           "cache hit rate %.1f%%\n", bpt / 1e9, r->parallel > 1 ? "generated token" : "token", ebpt / 1e9,
+           sbpt / 1e9, read_gbps, 100 * busy, 100 * hit);
     printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token", r->prof.spine_read / n,
            r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,

@@ -472,6 +472,7 @@ void df_engine_stats(const df_engine *e, df_stats *out) {
     out->lookahead_requests = ss.lookahead_requests;
     out->lookahead_recalled = ss.lookahead_recalled;
     out->warm_loads = ss.warm_loads;
+    out->io_busy_s = ss.io_busy_s;
     out->head_tiles = ss.head_tiles;
     out->split_layers = ss.split_layers;
 }

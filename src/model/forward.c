@@ -313,6 +313,7 @@ static int ffn_forward(df_fwd *f, const float *xn, int T, float *out) {
 /* Ordinary pre-norm residual layer: h += mixer(norm(h)); h += ffn(norm(h)). */
 static int layer_plain(df_fwd *f, pass_segs *s, float *h, int T, fwd_scratch *sc) {
     int64_t n = (int64_t)T * f->m->cfg.d;
+    moe_guess(f, h, T);
     rms_rows(f, f->w->attn_norm, h, T, sc->norm);
     int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
@@ -347,6 +348,7 @@ static int layer_attnres(df_fwd *f, pass_segs *s, attnres_state *ar, int T, fwd_
         ar->p = SCRATCH_F32(f->sc, n);
         ar->p_empty = 1;
     }
+    moe_guess(f, x, T);
     rms_rows(f, f->w->attn_norm, x, T, sc->norm);
     int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
@@ -544,7 +546,7 @@ size_t model_scratch_bytes(const df_model *m, int T) {
     size_t blocks = scratch_size(T, sizeof(fwd_seg));
     if (kda) layer = DF_MAX(layer, blocks + kda_scratch_bytes(c, B, nt));
     if (mla) layer = DF_MAX(layer, blocks + mla_scratch_bytes(c, B, nt, S));
-    if (moe) layer = DF_MAX(layer, moe_scratch_bytes(c, T));
+    if (moe) layer = DF_MAX(layer, DF_MAX(moe_scratch_bytes(c, T), moe_guess_scratch_bytes(c, T)));
     if (dense) layer = DF_MAX(layer, glu_scratch_bytes(c->dense_inter, T));
     return pass + layer;
 }

@@ -42,6 +42,10 @@ int64_t kda_record_floats(const df_config *c, int T);
 void kda_rewind(df_model *m, df_layer_state *st, int T, int n);
 int ffn_dense_forward(df_fwd *f, const glu_weights *g, const float *x, int T, float *out);
 int moe_forward(df_fwd *f, const float *x, int T, float *out);
+/* Look-ahead: guesses the layer's routed experts from its input h [T, d] before its attention runs, and hints
+ * storage, which may read them while attention computes (df_engine_opts.lookahead). */
+void moe_guess(df_fwd *f, const float *h, int T);
+size_t moe_guess_scratch_bytes(const df_config *c, int T);
 
 /* Scratch bytes of one layer's mixer (kda_scratch_bytes, mla_scratch_bytes) or FFN (moe_scratch_bytes, dense
  * GLU: glu_scratch_bytes) for a pass of T rows over n_threads threads; S: the longest context (pos + T) covered. */

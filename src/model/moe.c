@@ -255,13 +255,6 @@ static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, 
 
 /* ---- look-ahead (df_engine_opts.lookahead) -------------------------------------------------------- */
 
-/* Guesses layer i+1's experts while layer i runs and hints storage, which decides whether to read them early
- * (readahead.h) and scores the guess against what layer i+1 asks for. The residual stream changes little
- * across one layer, so layer i+1's router (the same scoring and top-k as route_batch) applied to layer i's MoE
- * input, re-normalised with layer i+1's post-attention norm weight instead of layer i's, names most of what
- * layer i+1 will ask for. It only reads ahead: routing and results are untouched, and it never waits for layer
- * i+1's spine (its router matrix is used only when that spine is in memory). Returns 1 when it made a guess or
- * storage wants none. */
 /* The guess most confident first: each expert at the best rank a token chose it at (0 = a top choice), so
  * storage can read just the surest part of it. Returns how many experts it names. */
 static int guess_rank(const df_config *c, const df_routing *r, int T, int *best, int *ids, int *rank) {
@@ -275,34 +268,38 @@ static int guess_rank(const df_config *c, const df_routing *r, int T, int *best,
     return n;
 }
 
-static int moe_lookahead(df_fwd *f, const float *x, int T) {
+/* Before the layer's attention: the layer's router (the same scoring and top-k as route_batch) applied to the
+ * layer's input h, normalised with the post-attention norm, names most of what the layer will ask for once
+ * attention has added its part; storage decides whether to read the guess (readahead.h), so its reads fill
+ * the time attention leaves the disk idle, and scores it against what the layer asks for. It only reads ahead:
+ * routing and results are untouched, and it never waits for the spine (the router matrix is used only when it
+ * is in memory already). */
+void moe_guess(df_fwd *f, const float *h, int T) {
     const df_config *c = &f->m->cfg;
-    int next = f->layer + 1, d = c->d, read_ranks;
-    if (next >= c->n_layers || c->ffn[next] != FFN_MOE) return 1;
-    int plan = store_lookahead_plan(f->m->store, next, &read_ranks);
-    if (!plan) return 1;
-    const df_store_layer *nl;
-    store_layer_peek(f->m->store, next, &nl);
-    if (!nl) return 0;
-    const layer_weights *nw = &f->m->w.layers[next];
-    const float *wi = f->w->ffn_norm, *wn = nw->ffn_norm;
+    const moe_weights *w = &f->w->moe;
+    int read_ranks, d = c->d;
+    if (c->ffn[f->layer] != FFN_MOE || !store_layer_ready(f->m->store, f->L, w->gate)) return;
+    int plan = store_lookahead_plan(f->m->store, f->layer, &read_ranks);
+    if (!plan) return;
     size_t mark = scratch_mark(f->sc);
-    float *xs = SCRATCH_F32(f->sc, (int64_t)T * d);
-    for (int64_t i = 0; i < (int64_t)T * d; i++) xs[i] = wi[i % d] != 0.0f ? x[i] / wi[i % d] * wn[i % d] : 0.0f;
+    float *xn = SCRATCH_F32(f->sc, (int64_t)T * d);
+    for (int t = 0; t < T; t++) kern_rmsnorm(xn + (int64_t)t * d, h + (int64_t)t * d, f->w->ffn_norm, d, c->eps);
     df_routing r;
-    route_batch(f, &nw->moe, xs, T, &r);
+    route_batch(f, w, xn, T, &r);
     int *best = SCRATCH_NEW(f->sc, int, c->n_experts), *ids = SCRATCH_NEW(f->sc, int, c->n_experts),
         *rank = SCRATCH_NEW(f->sc, int, c->n_experts);
     int n = guess_rank(c, &r, T, best, ids, rank);
-    store_experts_hint(f->m->store, next, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
+    store_experts_hint(f->m->store, f->layer, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
     scratch_release(f->sc, mark);
-    store_layer_release(f->m->store, nl);
-    return 1;
 }
 
-/* Routing first, then the reads are issued; everything that needs no routed expert (the next layer's guess,
- * the shared experts, the latent down-projection) runs while they are in flight, then the routed experts in
- * arrival order. */
+size_t moe_guess_scratch_bytes(const df_config *c, int T) {
+    return scratch_size((size_t)T * c->d, sizeof(float)) + route_scratch_bytes(c, T) +
+           3 * scratch_size(c->n_experts, sizeof(int));
+}
+
+/* Routing first, then the reads are issued; everything that needs no routed expert (the shared experts, the
+ * latent down-projection) runs while they are in flight, then the routed experts in arrival order. */
 int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
@@ -313,8 +310,6 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     df_routing r;
     route_batch(f, w, x, T, &r);
     rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
-    int guessed = 0;
-    if (!rc) guessed = moe_lookahead(f, x, T);
     float *z = NULL, *y = NULL, *sh = NULL;
     if (!rc && w->shared.gate) {
         sh = SCRATCH_F32(f->sc, (int64_t)T * c->d);
@@ -328,7 +323,6 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
         y = scratch_zalloc(f->sc, (size_t)T * Dz * sizeof(float));
         rc = experts_apply(f, &r, z ? z : x, T, y);
     }
-    if (!rc && !guessed) moe_lookahead(f, x, T);   /* the next layer's spine may have arrived meanwhile */
     if (!rc && w->latent_up) {
         for (int t = 0; w->latent_norm && t < T; t++)
             kern_rmsnorm(y + (int64_t)t * Dz, y + (int64_t)t * Dz, w->latent_norm, Dz, c->eps);
@@ -344,11 +338,11 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
 size_t moe_scratch_bytes(const df_config *c, int T) {
     int E = c->n_experts, k = c->topk, Dz = config_expert_dim(c);
     size_t td = scratch_size((size_t)T * c->d, sizeof(float)), tz = scratch_size((size_t)T * Dz, sizeof(float));
-    size_t route = route_scratch_bytes(c, T), lookahead = td + route + 3 * scratch_size(c->n_experts, sizeof(int));
+    size_t route = route_scratch_bytes(c, T);
     size_t shared = c->n_shared > 0 ? td + glu_scratch_bytes(c->moe_inter * c->n_shared, T) : 0;
     size_t parts = scratch_size(E, sizeof(int)) + scratch_size((size_t)E + 1, sizeof(expert_part)) +
                    scratch_size((size_t)T * k, sizeof(int)) + scratch_size((size_t)T * k, sizeof(float)) +
                    scratch_size((size_t)expert_pool_rows(c, T) * Dz, sizeof(float)) + scratch_size((size_t)E + 1, 1);
     size_t run = tz + glu_scratch_bytes(c->moe_inter, T);
-    return route + lookahead + shared + 2 * tz + parts + run;
+    return route + shared + 2 * tz + parts + run;
 }

@@ -20,6 +20,7 @@ typedef struct ec_slot {
     int pins;
     int wanted;          /* prefetched, not yet acquired */
     int warm;            /* read by warming (the next warming read starts when it ends) */
+    int guessed;         /* read for a look-ahead hint, not asked for since */
     uint8_t *mem;
     df_expert view;
     df_error err;
@@ -167,12 +168,21 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
     ec_unbind(c, s);
     s->layer = layer;
     s->e = e;
+    s->guessed = 0;
     s->state = SLOT_LOADING;
     c->map[ec_key(c, layer, e)] = i;
     policy_fill(c->pol, i, ec_key(c, layer, e));
     c->st.loads++;
     c->loading++;
     return s;
+}
+
+/* Lock held. A request served by a slot already holding the expert; hits owed to look-ahead are counted apart
+ * too, so the hit rate the cache would have without it can be told. */
+static void ec_hit(ecache *c, ec_slot *s) {
+    c->st.hits++;
+    c->st.lookahead_hits += s->guessed != 0;
+    s->guessed = 0;
 }
 
 /* Lock held. Records the outcome of a read and wakes waiters. */
@@ -222,7 +232,7 @@ static void ec_warm_next(ecache *c) {
         s->warm = 1;
         c->warm_busy = 1;
         c->st.warm_loads++;
-        io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
+        io_pool_submit(c->pool, IO_PRIO_GUESS, ec_load_job, s);
     }
     if (!c->warm_busy) pthread_cond_broadcast(&c->cv);
 }
@@ -235,7 +245,7 @@ static void ec_top_up(ecache *c) {
         if (!c->pq_requested) policy_request(c->pol, ec_key(c, c->pq_layer, e));
         c->pq_requested = 1;
         if (i >= 0) {
-            if (!c->slots[i].wanted && c->slots[i].state != SLOT_ERROR) c->st.hits++;
+            if (!c->slots[i].wanted && c->slots[i].state != SLOT_ERROR) ec_hit(c, &c->slots[i]);
             c->slots[i].wanted = 1;
             c->pq_next++;
             c->pq_requested = 0;
@@ -282,9 +292,10 @@ void ecache_hint(ecache *c, int layer, const int *ids, const int *rank, int n, i
         int v = ec_victim(c, 0);
         if (v < 0) break;
         ec_slot *s = ec_bind(c, v, layer, ids[i]);
+        s->guessed = 1;
         c->st.lookahead_loads++;
         c->lh[layer].loads++;
-        io_pool_submit(c->pool, IO_PRIO_LOW, ec_load_job, s);
+        io_pool_submit(c->pool, IO_PRIO_GUESS, ec_load_job, s);
     }
     pthread_mutex_unlock(&c->mu);
 }
@@ -331,8 +342,8 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
             return code;
         }
         if (s) {   /* ready */
-            if (!s->wanted && !waited) c->st.hits++;
-            s->wanted = 0;
+            if (!s->wanted && !waited) ec_hit(c, s);
+            s->wanted = s->guessed = 0;
             s->pins++;
             policy_touch(c->pol, i);
             *out = s->view;
@@ -385,8 +396,8 @@ int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *do
                 pthread_mutex_unlock(&c->mu);
                 return code;
             }
-            if (!s->wanted && !waited) c->st.hits++;
-            s->wanted = 0;
+            if (!s->wanted && !waited) ec_hit(c, s);
+            s->wanted = s->guessed = 0;
             s->pins++;
             policy_touch(c->pol, k);
             *out = s->view;

@@ -26,6 +26,7 @@ typedef struct ecache_stats {
     uint64_t waits;          /* acquires that found their expert still being read */
     uint64_t evictions;
     uint64_t lookahead_loads;     /* reads started by look-ahead hints */
+    uint64_t lookahead_hits;      /* hits on experts those reads brought in (the rest of hits: the cache's own) */
     uint64_t lookahead_requests;  /* experts prefetched for layers that had a hint */
     uint64_t lookahead_recalled;  /* of those, experts the hint had named */
     uint64_t warm_loads;     /* reads started by warming */

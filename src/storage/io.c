@@ -307,20 +307,32 @@ typedef struct io_job {
 struct io_pool {
     pthread_mutex_t mu;
     pthread_cond_t cv;
-    io_job *head[2], *tail[2];
+    io_job *head[IO_PRIOS], *tail[IO_PRIOS];
     int stop;
     int n;
     pthread_t *threads;
-    int active;                /* jobs running */
-    double busy_since, busy_s; /* time with at least one job running (look-ahead's disk utilisation) */
+    int active, active_sure;   /* jobs running; of them, not IO_PRIO_GUESS */
+    double busy_since, busy_s; /* time with at least one job running */
+    double sure_since, sure_s; /* time with at least one sure job running (look-ahead's disk utilisation) */
 };
+
+/* Lock held. A job starts (1) or ends (-1): the busy clocks. */
+static void io_pool_count(io_pool *p, int prio, int d) {
+    double t = df_now();
+    if (d > 0 && p->active++ == 0) p->busy_since = t;
+    if (d < 0 && --p->active == 0) p->busy_s += t - p->busy_since;
+    if (prio == IO_PRIO_GUESS) return;
+    if (d > 0 && p->active_sure++ == 0) p->sure_since = t;
+    if (d < 0 && --p->active_sure == 0) p->sure_s += t - p->sure_since;
+}
 
 static void *io_pool_main(void *arg) {
     io_pool *p = arg;
     pthread_mutex_lock(&p->mu);
     for (;;) {
-        int q = p->head[IO_PRIO_HIGH] ? IO_PRIO_HIGH : p->head[IO_PRIO_LOW] ? IO_PRIO_LOW : -1;
-        if (q < 0) {
+        int q = 0;
+        while (q < IO_PRIOS && !p->head[q]) q++;
+        if (q == IO_PRIOS) {
             if (p->stop) break;
             pthread_cond_wait(&p->cv, &p->mu);
             continue;
@@ -328,12 +340,12 @@ static void *io_pool_main(void *arg) {
         io_job *j = p->head[q];
         p->head[q] = j->next;
         if (!p->head[q]) p->tail[q] = NULL;
-        if (p->active++ == 0) p->busy_since = df_now();
+        io_pool_count(p, q, 1);
         pthread_mutex_unlock(&p->mu);
         j->fn(j->arg);
         free(j);
         pthread_mutex_lock(&p->mu);
-        if (--p->active == 0) p->busy_s += df_now() - p->busy_since;
+        io_pool_count(p, q, -1);
     }
     pthread_mutex_unlock(&p->mu);
     return NULL;
@@ -375,9 +387,10 @@ void io_pool_submit(io_pool *p, int prio, void (*fn)(void *), void *arg) {
     pthread_mutex_unlock(&p->mu);
 }
 
-double io_pool_busy_seconds(io_pool *p) {
+double io_pool_busy_seconds(io_pool *p, int sure) {
     pthread_mutex_lock(&p->mu);
-    double s = p->busy_s + (p->active ? df_now() - p->busy_since : 0.0);
+    double t = df_now(), s = sure ? p->sure_s + (p->active_sure ? t - p->sure_since : 0.0)
+                                  : p->busy_s + (p->active ? t - p->busy_since : 0.0);
     pthread_mutex_unlock(&p->mu);
     return s;
 }

@@ -62,14 +62,16 @@ int io_source_kind(const io_source *s);
 static inline void io_source_free(io_source *s) { if (s) s->free(s); }
 
 /* A pool of threads that run blocking reads; high-priority jobs (expert reads the model waits for) are
- * always taken before low-priority ones (the next layer's spine). */
+ * always taken before low-priority ones (the next layer's spine), and those before guesses (look-ahead,
+ * warming), which may turn out not to be needed. */
 typedef struct io_pool io_pool;
-enum { IO_PRIO_HIGH = 0, IO_PRIO_LOW = 1 };
+enum { IO_PRIO_HIGH = 0, IO_PRIO_LOW = 1, IO_PRIO_GUESS = 2, IO_PRIOS = 3 };
 io_pool *io_pool_new(int n_threads);
 void io_pool_free(io_pool *p);
 void io_pool_submit(io_pool *p, int prio, void (*fn)(void *arg), void *arg);
-/* Seconds since the pool started during which at least one job was running (reads in flight). */
-double io_pool_busy_seconds(io_pool *p);
+/* Seconds since the pool started during which at least one job was running (reads in flight); with sure, one
+ * job other than a guess. */
+double io_pool_busy_seconds(io_pool *p, int sure);
 
 /* A countdown that a submitter waits on while pool jobs finish. */
 typedef struct io_latch io_latch;

@@ -37,8 +37,8 @@ struct readahead {
     io_pool *pool;
     ra_layer *l;
     double t0, busy0, util;     /* util < 0: not measured yet */
-    uint64_t hits0, misses0;
-    double hit_rate;
+    uint64_t hits0, guess_hits0, misses0;
+    double hit_rate;            /* the cache's own: hits look-ahead brought in count as misses */
 };
 
 static double ra_mix(double old, double now) { return old < 0 ? now : (1 - RA_SMOOTH) * old + RA_SMOOTH * now; }
@@ -73,7 +73,7 @@ readahead *readahead_new(int n_layers, int mode, ecache *cache, io_pool *pool) {
     }
     ra->util = ra->hit_rate = -1;
     ra->t0 = df_now();
-    ra->busy0 = pool ? io_pool_busy_seconds(pool) : 0;
+    ra->busy0 = pool ? io_pool_busy_seconds(pool, 1) : 0;
     return ra;
 }
 
@@ -88,13 +88,13 @@ void readahead_free(readahead *ra) {
 static void ra_global(readahead *ra) {
     double t = df_now();
     if (t - ra->t0 < RA_WINDOW_S) return;
-    double busy = io_pool_busy_seconds(ra->pool);
+    double busy = io_pool_busy_seconds(ra->pool, 1);
     ecache_stats cs;
     ecache_get_stats(ra->cache, &cs);
     ra->util = ra_mix(ra->util, DF_MIN(1.0, (busy - ra->busy0) / (t - ra->t0)));
-    uint64_t h = cs.hits - ra->hits0, m = cs.misses - ra->misses0;
-    if (h + m) ra->hit_rate = ra_mix(ra->hit_rate, (double)h / (double)(h + m));
-    ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->misses0 = cs.misses;
+    uint64_t all = cs.hits - ra->hits0, own = all - (cs.lookahead_hits - ra->guess_hits0), m = cs.misses - ra->misses0;
+    if (all + m) ra->hit_rate = ra_mix(ra->hit_rate, (double)own / (double)(all + m));
+    ra->t0 = t, ra->busy0 = busy, ra->hits0 = cs.hits, ra->guess_hits0 = cs.lookahead_hits, ra->misses0 = cs.misses;
 }
 
 /* Lock held. Attributes the layer's waits since the last plan to reading or not, and closes its precision
@@ -135,7 +135,7 @@ int readahead_plan(readahead *ra, int layer, int *read_ranks) {
     int rule = 0;
     if (L->per_pass >= 0 && ra->util >= 0) {
         ra_inputs in = {L->precision, L->size, RA_RANKS, L->per_pass, ra->util, ra->hit_rate < 0 ? 0 : ra->hit_rate};
-        rule = ra_read_ranks(&in, L->reading > 0);
+        rule = ra_read_ranks(&in, L->reading);
     }
     int worse = L->wait_on >= 0 && L->wait_off >= 0 && L->wait_on > RA_MIN_GAIN * L->wait_off;
     L->reading = worse ? 0 : rule;

@@ -252,23 +252,6 @@ int spine_acquire(spine *sp, int unit, uint8_t **base, df_error *err) {
     return rc;
 }
 
-int spine_peek(spine *sp, int unit, uint8_t **base) {
-    DF_ASSERT(unit >= 0 && unit < sp->n);
-    if (sp->u[unit].resident) {
-        *base = sp->res[unit].mem;
-        return 1;
-    }
-    pthread_mutex_lock(&sp->mu);
-    sp_buf *b = sp_holding(sp, unit);
-    int ok = b && b->status == BUF_READY && !b->in_use;
-    if (ok) {
-        b->in_use = 1;
-        *base = b->mem;
-    }
-    pthread_mutex_unlock(&sp->mu);
-    return ok;
-}
-
 void spine_release(spine *sp, int unit) {
     if (sp->u[unit].resident) return;
     pthread_mutex_lock(&sp->mu);

@@ -34,9 +34,6 @@ int spine_new(spine **out, io_source *src, io_pool *pool, int n_units, spine_uni
 void spine_free(spine *sp);
 /* The buffer holding unit's bytes, valid until spine_release; reads it first if needed. */
 int spine_acquire(spine *sp, int unit, uint8_t **base, df_error *err);
-/* Like spine_acquire when the unit is already in memory (resident, or read into a stream buffer nobody holds);
- * returns 0 without waiting or reading otherwise. Leaves the read-ahead order alone. */
-int spine_peek(spine *sp, int unit, uint8_t **base);
 void spine_release(spine *sp, int unit);
 const spine_region *spine_unit_region(const spine *sp, int unit, int i);
 /* Where region r's first byte is in a buffer returned for its unit. */

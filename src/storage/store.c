@@ -196,12 +196,21 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
     return DF_OK;
 }
 
+static int store_item_part(const df_store_layer *l, const df_tensor *t) {
+    const store_item *it = (const store_item *)(const void *)((const char *)t - offsetof(store_item, view));
+    DF_ASSERT(it >= l->items && it < l->items + l->n);
+    return l->part[it - l->items];
+}
+
+int store_layer_ready(const df_store *st, const df_store_layer *layer, const df_tensor *t) {
+    const df_store_layer *l = &st->layers[layer->index];
+    return !st->spine || l->n_parts <= 1 || l->held == store_item_part(l, t);
+}
+
 int store_layer_need(df_store *st, const df_store_layer *layer, const df_tensor *t, df_error *err) {
     df_store_layer *l = &st->layers[layer->index];
     if (!st->spine || l->n_parts <= 1) return DF_OK;
-    const store_item *it = (const store_item *)(const void *)((const char *)t - offsetof(store_item, view));
-    DF_ASSERT(it >= l->items && it < l->items + l->n);
-    return store_layer_hold(st, l, l->part[it - l->items], err);
+    return store_layer_hold(st, l, store_item_part(l, t), err);
 }
 
 int store_layer_check(df_store *st, int layer, df_error *err) {
@@ -215,19 +224,6 @@ int store_layer_check(df_store *st, int layer, df_error *err) {
 const df_tensor *store_layer_tensor(const df_store_layer *l, const char *suffix) {
     const store_item *it = store_find_item(l->items, l->n, suffix);
     return it && it->usable ? &it->view : NULL;
-}
-
-void store_layer_peek(df_store *st, int layer, const df_store_layer **out) {
-    *out = NULL;
-    if (layer < 0 || layer >= st->n_layers || st->layers[layer].bad >= 0) return;
-    df_store_layer *l = &st->layers[layer];
-    uint8_t *base = NULL;
-    if (st->spine && (l->n_parts > 1 || !spine_peek(st->spine, l->unit0, &base))) return;
-    if (st->spine) {
-        l->held = 0;
-        store_layer_place(st, l, 0, base);
-    }
-    *out = l;
 }
 
 int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_error *err) {
@@ -298,6 +294,7 @@ void store_get_stats(df_store *st, store_stats *o) {
         o->warm_loads = c.warm_loads;
     }
     o->io_uring = io_source_kind(st->src_expert) == IO_KIND_URING;
+    o->io_busy_s = st->pool ? io_pool_busy_seconds(st->pool, 0) : 0;
     o->expert_requests = atomic_load(&st->expert_requests);
     o->expert_disk_bytes = atomic_load(&st->src_expert->bytes);
     o->spine_disk_bytes = atomic_load(&st->src_spine->bytes);

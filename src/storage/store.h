@@ -67,6 +67,7 @@ typedef struct store_stats {
     int io_uring;                         /* expert reads go through io_uring (else the pread pool) */
     uint64_t lookahead_loads, lookahead_requests, lookahead_recalled;   /* look-ahead: reads, experts asked, of them hinted */
     uint64_t warm_loads;                  /* reads started by warming from saved heat */
+    double io_busy_s;                     /* seconds with reads in flight on the I/O pool */
     int head_tiles;                       /* lm_head streamed in this many row tiles (0: in memory whole) */
 } store_stats;
 
@@ -96,12 +97,12 @@ void store_layer_release(df_store *st, const df_store_layer *l);
  * at a time, the next one being read meanwhile: before using a matrix of an acquired layer, the model asks for
  * it here, which swaps in the part holding it. Asking in the order the parts were cut (plan.c: the order the
  * mixers and FFNs use their matrices) reads each part once per pass. A no-op for a layer held whole. */
+/* Whether t (a tensor of layer) is usable now without waiting for a read: always, unless the layer is streamed
+ * in parts and t is in a part not in memory. */
+int store_layer_ready(const df_store *st, const df_store_layer *layer, const df_tensor *t);
 int store_layer_need(df_store *st, const df_store_layer *l, const df_tensor *t, df_error *err);
 /* Acquires a layer and reads all its parts in turn, then releases it: checks its spine can be read. */
 int store_layer_check(df_store *st, int layer, df_error *err);
-/* Like store_layer_acquire when the layer's spine is already in memory; *out = NULL (nothing waited for or
- * read) otherwise. Release with store_layer_release. For look-ahead work that must never stall. */
-void store_layer_peek(df_store *st, int layer, const df_store_layer **out);
 /* A layer's tensor table without reading its bytes, for binding weights at open: store_layer_tensor on it gives
  * the same df_tensor structs acquire fills (stable for the store's lifetime; name, dtype and shape valid at once,
  * data only while the layer is acquired). Fails like store_layer_acquire on a layer with an unusable tensor. */

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "test.h"
 #include "engine_fixture.h"
@@ -148,9 +149,10 @@ static void test_hint_ranks(void) {
     }
     ecache_stats s;
     ecache_get_stats(c, &s);
-    CHECK(ok && h.loads == 2 && h.read_hints == 1 && s.hits == 2 && s.misses == 0,
-          "hint: read to rank 1, only the two rank-0 experts are read, and serve the layer (loads %llu, hits %llu)",
-          (unsigned long long)h.loads, (unsigned long long)s.hits);
+    CHECK(ok && h.loads == 2 && h.read_hints == 1 && s.hits == 2 && s.lookahead_hits == 2 && s.misses == 0,
+          "hint: read to rank 1, only the two rank-0 experts are read, and serve the layer (loads %llu, hits %llu, "
+          "%llu of them owed to the guess)", (unsigned long long)h.loads, (unsigned long long)s.hits,
+          (unsigned long long)s.lookahead_hits);
     ecache_free(c);
     io_pool_free(pool);
 }
@@ -189,6 +191,26 @@ static float *run_default(int lookahead, int slots, int n, int *V, df_stats *st,
     return out;
 }
 
+static void sleep_job(void *arg) {
+    (void)arg;
+    nanosleep(&(struct timespec){0, 60 * 1000000L}, NULL);
+}
+
+/* The pool's busy clocks: a guess keeps the disk busy but not busy with sure reads, the share look-ahead
+ * decides from. */
+static void test_pool_busy(void) {
+    io_pool *pool = io_pool_new(2);
+    io_pool_submit(pool, IO_PRIO_GUESS, sleep_job, NULL);
+    nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+    double all = io_pool_busy_seconds(pool, 0), sure = io_pool_busy_seconds(pool, 1);
+    io_pool_submit(pool, IO_PRIO_HIGH, sleep_job, NULL);
+    nanosleep(&(struct timespec){0, 100 * 1000000L}, NULL);
+    double sure2 = io_pool_busy_seconds(pool, 1);
+    CHECK(all >= 0.05 && sure == 0 && sure2 >= 0.05, "io pool: a guess counts as busy (%.3f s) but not as sure reads "
+          "(%.3f s), a high-priority read does (%.3f s)", all, sure, sure2);
+    io_pool_free(pool);
+}
+
 static void test_lookahead(void) {
     enum { N = 24 };
     df_stats s0, s1;
@@ -225,6 +247,7 @@ int main(void) {
     unlink(path);
     test_hint();
     test_hint_ranks();
+    test_pool_busy();
     test_lookahead();
     TEST_EXIT();
 }
