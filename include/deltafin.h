@@ -223,7 +223,7 @@ typedef struct df_stats {
                                                           record / by evaluating the history again */
 } df_stats;
 DF_API void df_engine_stats(const df_engine *eng, df_stats *out);
-/* Look-ahead of one layer (the guess for it made during the layer before): experts it asked for while a guess
+/* Look-ahead of one layer (the guess made before its attention): experts it asked for while a guess
  * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and how many
  * of its guess's most confident ranks are being read now (auto's current decision; 0: none). A guess ranks
  * its experts by the router's confidence (0 = a token's top choice); per rank, how many experts the scored

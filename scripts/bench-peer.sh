@@ -44,9 +44,10 @@ limited() {   # GB|none -- command...
 }
 median() { sort -g | awk '{ v[NR] = $1 } END { if (NR) print (NR % 2 ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2) }'; }
 
-deltafin_run() {   # GB -> s/token
+deltafin_run() {   # GB -> s/token (a small disk probe: only s/token is used, and the probe's reads would
+                   # drain a cloud disk's burst budget before llama.cpp's run)
     drop
-    limited "$1" -- ./deltafin bench -m "$model" -n "$n" --prompt 8 --threads "$threads" --json 2>/dev/null |
+    limited "$1" -- ./deltafin bench -m "$model" -n "$n" --prompt 8 --threads "$threads" --probe-gb 0.5 --json 2>/dev/null |
         tail -n 1 | sed -n 's/.*"s_per_token":\([0-9.eE+-]*\).*/\1/p'
 }
 llama_run() {      # GB -> s/token (llama.cpp's own eval timing)

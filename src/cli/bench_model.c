@@ -492,7 +492,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  speculation %s: %d passes, %.2f tokens/pass, drafted %d, accepted %d\n", r->spec, r->passes,
            r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
     if (r->s2.lookahead_requests || la_loads) {
-        printf("  look-ahead %s: recall %.1f%% of next-layer experts, %.1f guessed reads/%s\n  ", la_mode,
+        printf("  look-ahead %s: recall %.1f%% of the experts asked for, %.1f guessed reads/%s\n  ", la_mode,
                100 * recall, la_loads / gen, r->parallel > 1 ? "generated token" : "token");
         for (int l = 0, k = 0; l < r->n_layers; l++)
             if (r->la[l].requests || r->la[l].loads) {

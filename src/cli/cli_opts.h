@@ -33,8 +33,9 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "  --buffered-io     buffered reads + fadvise(DONTNEED) instead of O_DIRECT\n"                              \
     "  --io-threads N    I/O threads (default 8)\n"                                                          \
     "  --io KIND         O_DIRECT reader: uring (io_uring, default) or pread (thread pool)\n"                 \
-    "  --lookahead[=auto|on|off]  read the next layer's predicted experts early: auto (default) while the\n" \
-    "                    measured recall and spare disk time say it pays; bare --lookahead = on\n"            \
+    "  --lookahead[=auto|on|off]  guess a layer's experts before its attention and read them meanwhile: auto\n" \
+    "                    (default) reads the surest part of the guess while measured precision and idle disk\n" \
+    "                    time say it pays; bare --lookahead = on\n"                                            \
     "  --remote URL      partial install: stream missing experts from this repository (deltafin fetch)\n"    \
     "  --spine bf16|int8 spine weights: the checkpoint's (default) or the lossy int8 copy of deltafin quantize\n"  \
     "  --cache-policy P  expert cache replacement: lfu (frequency with decay, default), lru or arc\n"         \

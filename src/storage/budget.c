@@ -67,11 +67,20 @@ uint64_t budget_cgroup_limit(void) {
     return best;
 }
 
-uint64_t budget_default_bytes(void) {
-    uint64_t ram = budget_physical_bytes(), cg = budget_cgroup_limit();
-    uint64_t lim = cg && (!ram || cg < ram) ? cg : ram;
-    if (!lim) lim = 4ull << 30;
-    return lim / 4 * 3;
+/* A cgroup limit is this process's own allowance: only a margin for what the budget does not count (code,
+ * thread stacks, heap slack, page cache of headers and embedding rows: 0.5 GiB under a 3 GiB limit with K3's
+ * on-demand embedding) is left; the budget is never below three quarters of it. Physical RAM is shared with the
+ * rest of the machine: a quarter is left. */
+#define BUDGET_CGROUP_MARGIN (768ull << 20)
+
+uint64_t budget_default_bytes(void) { return budget_default_for(budget_physical_bytes(), budget_cgroup_limit()); }
+
+uint64_t budget_default_for(uint64_t ram, uint64_t cg) {
+    if (cg && (!ram || cg < ram)) {
+        uint64_t margin = DF_MAX(BUDGET_CGROUP_MARGIN, cg / 8);
+        return DF_MAX(cg > margin ? cg - margin : 0, cg / 4 * 3);
+    }
+    return (ram ? ram : 4ull << 30) / 4 * 3;
 }
 
 static uint64_t budget_status_kb(const char *key) {

@@ -50,7 +50,7 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
 void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
-/* Low-priority guess (next-layer look-ahead) of n experts, most confident first: rank[i] (ascending) is
+/* Lowest-priority guess (look-ahead) of n experts, most confident first: rank[i] (ascending) is
  * ids[i]'s confidence rank (0 = a top choice). Reads those ranked below read_ranks that are not cached into
  * slots that hold nothing wanted or pinned, at low I/O priority; they stay ordinary cache entries. Leaves the
  * prefetch list alone. Read or not, the next prefetch of this layer counts how many of its experts the hint named

@@ -6,6 +6,7 @@
 #include <unistd.h>
 #include "test.h"
 #include "st_fixture.h"
+#include "storage/budget.h"
 #include "storage/expert_index.h"
 #include "storage/store.h"
 
@@ -308,7 +309,20 @@ static void test_kimi_linear(const char *dir) {
     store_free(st);
 }
 
+/* The default budget: a cgroup limit is the process's own (a margin left), RAM is shared (a quarter left). */
+static void test_default_budget(void) {
+    const uint64_t G = 1ull << 30, M = 1ull << 20;
+    CHECK(budget_default_for(24 * G, 0) == 18 * G, "budget: 3/4 of RAM without a cgroup");
+    CHECK(budget_default_for(24 * G, 8 * G) == 7 * G, "budget: an 8 GiB cgroup less 1/8 = 7 GiB");
+    CHECK(budget_default_for(24 * G, 4 * G) == 4 * G - 768 * M, "budget: a 4 GiB cgroup less 768 MiB");
+    CHECK(budget_default_for(24 * G, 2 * G) == 2 * G / 4 * 3 && budget_default_for(24 * G, 512 * M) == 384 * M,
+          "budget: never below 3/4 of a small cgroup limit (no underflow)");
+    CHECK(budget_default_for(4 * G, 8 * G) == 3 * G && budget_default_for(0, 8 * G) == 7 * G,
+          "budget: a cgroup above RAM does not count; unknown RAM takes the cgroup's");
+}
+
 int main(void) {
+    test_default_budget();
     char d1[256], d2[256];
     fx_mkdir("k3", d1, sizeof d1);
     fx_mkdir("kl", d2, sizeof d2);
