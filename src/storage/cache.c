@@ -277,7 +277,7 @@ static void ec_hint_score(ecache *c, int layer, const int *ids, int n) {
         c->lh[layer].recalled_rank[named - 1]++;
     }
     for (int64_t k = c->base[layer]; k < c->base[layer + 1]; k++)
-        if (c->hinted[k]) c->lh[layer].guessed++, c->lh[layer].guessed_rank[c->hinted[k] - 1]++;
+        if (c->hinted[k]) c->lh[layer].guessed_rank[c->hinted[k] - 1]++;
     memset(c->hinted + c->base[layer], 0, (size_t)(c->base[layer + 1] - c->base[layer]));
 }
 

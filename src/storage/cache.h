@@ -34,12 +34,13 @@ typedef struct ecache_stats {
     size_t slot_bytes;
 } ecache_stats;
 
-/* Look-ahead for one layer: guesses scored, experts it asked for while a guess for it was pending, how many of them the guess
- * named, how many the scored guesses named in all (recalled / guessed = precision), the same two per rank (as
- * in df_layer_lookahead), guessed reads started, guesses hinted for reading; and what the guesses are meant
- * to shrink: the layer's prefetches (passes) and the seconds ecache_acquire_next waited for its experts. */
+/* Look-ahead for one layer: experts it asked for while a guess for it was pending and how many of them the
+ * guess named (recall); per confidence rank (as in df_layer_lookahead), how many experts the scored guesses
+ * named and how many of those it used (precision); guesses scored, guessed reads started, guesses hinted for
+ * reading; and what the guesses are meant to shrink: the layer's prefetches (passes) and the seconds
+ * ecache_acquire_next waited for its experts. */
 typedef struct ecache_hint_stats {
-    uint64_t requests, recalled, guessed, loads, read_hints, passes, scored;
+    uint64_t requests, recalled, loads, read_hints, passes, scored;
     uint64_t guessed_rank[DF_LOOKAHEAD_RANKS], recalled_rank[DF_LOOKAHEAD_RANKS];
     double wait_s;
 } ecache_hint_stats;
@@ -50,11 +51,10 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
 void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n);
-/* Lowest-priority guess (look-ahead) of n experts, most confident first: rank[i] (ascending) is
- * ids[i]'s confidence rank (0 = a top choice). Reads those ranked below read_ranks that are not cached into
- * slots that hold nothing wanted or pinned, at low I/O priority; they stay ordinary cache entries. Leaves the
- * prefetch list alone. Read or not, the next prefetch of this layer counts how many of its experts the hint named
- * (recall), per rank. */
+/* A guess (look-ahead) of n experts of a layer, most confident first: rank[i] (ascending) is ids[i]'s confidence
+ * rank (0 = a top choice). Reads those ranked below read_ranks that are not cached into slots that hold nothing
+ * wanted or pinned, at the lowest I/O priority; they stay ordinary cache entries. Leaves the prefetch list
+ * alone. Read or not, the layer's next prefetch scores the guess: recall, and precision per rank. */
 void ecache_hint(ecache *c, int layer, const int *ids, const int *rank, int n, int read_ranks);
 void ecache_hint_layer(ecache *c, int layer, ecache_hint_stats *out);
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err);

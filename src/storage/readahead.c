@@ -124,10 +124,8 @@ static void ra_layer_update(readahead *ra, int layer) {
 int readahead_plan(readahead *ra, int layer, int *read_ranks) {
     *read_ranks = 0;
     if (!ra->cache || layer < 0 || layer >= ra->n_layers) return STORE_LOOKAHEAD_SKIP;
-    if (ra->mode != DF_LOOKAHEAD_AUTO) {
-        *read_ranks = RA_RANKS;
-        return ra->mode == DF_LOOKAHEAD_ON ? STORE_LOOKAHEAD_READ : STORE_LOOKAHEAD_SKIP;
-    }
+    if (ra->mode == DF_LOOKAHEAD_OFF) return STORE_LOOKAHEAD_SKIP;
+    if (ra->mode == DF_LOOKAHEAD_ON) return *read_ranks = RA_RANKS, STORE_LOOKAHEAD_READ;
     pthread_mutex_lock(&ra->mu);
     ra_global(ra);
     ra_layer_update(ra, layer);
