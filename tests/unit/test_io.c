@@ -3,7 +3,8 @@
  * 1 MiB requests and more than one ring's worth of them), a read past the end is an error naming the file;
  * the DELTAFIN_TEST_NO_DIRECT hook reaches both buffered fallbacks (O_DIRECT refused at open and at read) and
  * the data stays right; the cache's hint loads only idle slots, leaves the prefetch list alone and scores
- * recall; look-ahead on the bundled trained model keeps logits identical and guesses most next-layer experts. */
+ * recall; look-ahead on the bundled trained model keeps logits identical and its guess before attention names
+ * over 80 % of the experts each layer asks for (the earlier guess, made a layer ahead, named 77.6 %). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -222,8 +223,8 @@ static void test_lookahead(void) {
           "look-ahead: logits bit-identical with it on and off (models/default, 12 slots): %s",
           on ? "compared" : err.msg);
     double recall = on && s1.lookahead_requests ? (double)s1.lookahead_recalled / (double)s1.lookahead_requests : 0;
-    CHECK(on && recall > 0.5 && s1.lookahead_loads > 0,
-          "look-ahead: recall %.1f%% of next-layer experts (%llu guessed reads)", 100 * recall,
+    CHECK(on && recall > 0.8 && s1.lookahead_loads > 0,
+          "look-ahead: recall %.1f%% of the experts asked for (%llu guessed reads)", 100 * recall,
           on ? (unsigned long long)s1.lookahead_loads : 0ull);
     free(off);
     free(on);
