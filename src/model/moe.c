@@ -268,6 +268,10 @@ static int guess_rank(const df_config *c, const df_routing *r, int T, int *best,
     return n;
 }
 
+/* Rows a guess routes: a long prompt asks for nearly every expert anyway, and routing all its rows twice would
+ * double the router's cost; evenly spaced rows name the experts it surely needs. */
+#define MOE_GUESS_ROWS 32
+
 /* Before the layer's attention: the layer's router (the same scoring and top-k as route_batch) applied to the
  * layer's input h, normalised with the post-attention norm, names most of what the layer will ask for once
  * attention has added its part; storage decides whether to read the guess (readahead.h), so its reads fill
@@ -277,24 +281,26 @@ static int guess_rank(const df_config *c, const df_routing *r, int T, int *best,
 void moe_guess(df_fwd *f, const float *h, int T) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
-    int read_ranks, d = c->d;
+    int read_ranks, d = c->d, G = DF_MIN(T, MOE_GUESS_ROWS);
     if (c->ffn[f->layer] != FFN_MOE || !store_layer_ready(f->m->store, f->L, w->gate)) return;
     int plan = store_lookahead_plan(f->m->store, f->layer, &read_ranks);
     if (!plan) return;
     size_t mark = scratch_mark(f->sc);
-    float *xn = SCRATCH_F32(f->sc, (int64_t)T * d);
-    for (int t = 0; t < T; t++) kern_rmsnorm(xn + (int64_t)t * d, h + (int64_t)t * d, f->w->ffn_norm, d, c->eps);
+    float *xn = SCRATCH_F32(f->sc, (int64_t)G * d);
+    for (int g = 0; g < G; g++)
+        kern_rmsnorm(xn + (int64_t)g * d, h + (int64_t)g * T / G * d, f->w->ffn_norm, d, c->eps);
     df_routing r;
-    route_batch(f, w, xn, T, &r);
+    route_batch(f, w, xn, G, &r);
     int *best = SCRATCH_NEW(f->sc, int, c->n_experts), *ids = SCRATCH_NEW(f->sc, int, c->n_experts),
         *rank = SCRATCH_NEW(f->sc, int, c->n_experts);
-    int n = guess_rank(c, &r, T, best, ids, rank);
+    int n = guess_rank(c, &r, G, best, ids, rank);
     store_experts_hint(f->m->store, f->layer, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
     scratch_release(f->sc, mark);
 }
 
 size_t moe_guess_scratch_bytes(const df_config *c, int T) {
-    return scratch_size((size_t)T * c->d, sizeof(float)) + route_scratch_bytes(c, T) +
+    int G = DF_MIN(T, MOE_GUESS_ROWS);
+    return scratch_size((size_t)G * c->d, sizeof(float)) + route_scratch_bytes(c, G) +
            3 * scratch_size(c->n_experts, sizeof(int));
 }
 
