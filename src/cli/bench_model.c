@@ -25,6 +25,7 @@
 #include "bench_spec.h"
 #include "bench_streams.h"
 #include "cli.h"
+#include "cli_gen.h"
 #include "cli_opts.h"
 #include "common/util.h"
 #include "storage/budget.h"
@@ -339,13 +340,10 @@ typedef struct bench_result {
     const char *spec;        /* speculation mode */
 } bench_result;
 
-/* Per stream (= per pass when not speculating): s/token, compute-only, breakdown. Per generated token (all
- * streams together): disk bytes, io_floor_s_per_token. The floor a stream's token is held to is the pass's:
- * the floor per generated token times the streams. */
 /* The precision of the guesses per confidence rank, summed over n layers' counters, for the ranks that named
  * any expert: a JSON array, or percentages separated by spaces. */
 static void print_rank_precision(const df_layer_lookahead *la, int n, int json) {
-    printf(json ? "[" : "");
+    if (json) putchar('[');
     for (int rank = 0, k = 0; rank < DF_LOOKAHEAD_RANKS; rank++) {
         uint64_t g = 0, rec = 0;
         for (int l = 0; l < n; l++) g += la[l].guessed_rank[rank], rec += la[l].recalled_rank[rank];
@@ -353,9 +351,12 @@ static void print_rank_precision(const df_layer_lookahead *la, int n, int json) 
         if (json) printf("%s%.4f", k++ ? "," : "", (double)rec / (double)g);
         else printf("%s%.0f%%", k++ ? " " : "", 100.0 * (double)rec / (double)g);
     }
-    printf(json ? "]" : "");
+    if (json) putchar(']');
 }
 
+/* Per stream (= per pass when not speculating): s/token, compute-only, breakdown. Per generated token (all
+ * streams together): disk bytes, io_floor_s_per_token. The floor a stream's token is held to is the pass's:
+ * the floor per generated token times the streams. */
 static void print_result(const bench_result *r, int json, const char *dir) {
     double n = r->n, streams = r->parallel, gen = n * streams, passes = r->passes ? r->passes : 1;
     uint64_t disk = r->s2.disk_bytes - r->s1.disk_bytes, hits = r->s2.expert_hits - r->s1.expert_hits,
@@ -494,13 +495,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     if (r->s2.lookahead_requests || la_loads) {
         printf("  look-ahead %s: recall %.1f%% of the experts asked for, %.1f guessed reads/%s\n  ", la_mode,
                100 * recall, la_loads / gen, r->parallel > 1 ? "generated token" : "token");
-        for (int l = 0, k = 0; l < r->n_layers; l++)
-            if (r->la[l].requests || r->la[l].loads) {
-                printf("%s L%d %.0f%%", k++ ? "," : "recall per layer (*N = its N surest guesses read at the end, "
-                       "* = all):", l, r->la[l].requests ? 100.0 * (double)r->la[l].recalled / (double)r->la[l].requests : 0.0);
-                if (r->la[l].read_ranks >= DF_LOOKAHEAD_RANKS) printf("*");
-                else if (r->la[l].read_ranks) printf("*%d", r->la[l].read_ranks);
-            }
+        cli_lookahead_layers(stdout, r->la, r->n_layers, "at the end");
         printf("\n  precision of the guesses by confidence rank, all layers: ");
         print_rank_precision(r->la, r->n_layers, 0);
         printf("\n");

@@ -203,18 +203,32 @@ void cli_profile_line(cli_model *m, int index, df_profile *prev) {
     *prev = now;
 }
 
+int cli_lookahead_layers(FILE *f, const df_layer_lookahead *la, int n, const char *when) {
+    int any = 0;
+    for (int l = 0; l < n; l++) {
+        if (!la[l].requests && !la[l].loads) continue;
+        if (!any++) fprintf(f, "recall per layer (*N = its N surest guesses read %s, * = all):", when);
+        fprintf(f, "%s L%d %.0f%%", any > 1 ? "," : "", l,
+                la[l].requests ? 100.0 * (double)la[l].recalled / (double)la[l].requests : 0.0);
+        if (la[l].read_ranks >= DF_LOOKAHEAD_RANKS) fputc('*', f);
+        else if (la[l].read_ranks) fprintf(f, "*%d", la[l].read_ranks);
+    }
+    return any;
+}
+
 void cli_lookahead_line(df_engine *eng, FILE *f) {
     int n = df_engine_info(eng)->n_layers, any = 0;
+    df_layer_lookahead *la = xcalloc((size_t)n + 1, sizeof *la);
     for (int l = 0; l < n; l++) {
-        df_layer_lookahead la;
-        df_engine_lookahead_layer(eng, l, &la);
-        if (!la.requests && !la.loads) continue;
-        fprintf(f, "%s L%d %.0f%%", any++ ? "," : "look-ahead recall per layer (*N = its N surest guesses read now, "
-                "* = all):", l, la.requests ? 100.0 * (double)la.recalled / (double)la.requests : 0.0);
-        if (la.read_ranks >= DF_LOOKAHEAD_RANKS) fputc('*', f);
-        else if (la.read_ranks) fprintf(f, "*%d", la.read_ranks);
+        df_engine_lookahead_layer(eng, l, &la[l]);
+        any |= la[l].requests || la[l].loads;
     }
-    if (any) fputc('\n', f);
+    if (any) {
+        fputs("look-ahead ", f);
+        cli_lookahead_layers(f, la, n, "now");
+        fputc('\n', f);
+    }
+    free(la);
 }
 
 int cli_stream_event(void *ctx, const gen_event *ev) {

@@ -81,6 +81,9 @@ void cli_stream_end(cli_stream *o);
 void cli_profile_line(cli_model *m, int index, df_profile *prev);
 /* One line of per-layer look-ahead recall (nothing when no layer had a guess scored). */
 void cli_lookahead_line(df_engine *eng, FILE *f);
+/* The per-layer recall and ranks read (at `when`) of n layers' look-ahead counters, without a newline;
+ * returns how many layers had a guess. */
+int cli_lookahead_layers(FILE *f, const df_layer_lookahead *la, int n, const char *when);
 
 /* One line on stderr: passes, tokens per pass, drafted/accepted of a generation (with speculation on). */
 void cli_spec_summary(const cli_model *m, const gen_result *res);

@@ -97,10 +97,10 @@ void store_layer_release(df_store *st, const df_store_layer *l);
  * at a time, the next one being read meanwhile: before using a matrix of an acquired layer, the model asks for
  * it here, which swaps in the part holding it. Asking in the order the parts were cut (plan.c: the order the
  * mixers and FFNs use their matrices) reads each part once per pass. A no-op for a layer held whole. */
+int store_layer_need(df_store *st, const df_store_layer *l, const df_tensor *t, df_error *err);
 /* Whether t (a tensor of layer) is usable now without waiting for a read: always, unless the layer is streamed
  * in parts and t is in a part not in memory. */
 int store_layer_ready(const df_store *st, const df_store_layer *layer, const df_tensor *t);
-int store_layer_need(df_store *st, const df_store_layer *l, const df_tensor *t, df_error *err);
 /* Acquires a layer and reads all its parts in turn, then releases it: checks its spine can be read. */
 int store_layer_check(df_store *st, int layer, df_error *err);
 /* A layer's tensor table without reading its bytes, for binding weights at open: store_layer_tensor on it gives
@@ -123,9 +123,9 @@ int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_er
  * read the *read_ranks most confident ranks of the guess. */
 enum { STORE_LOOKAHEAD_SKIP = 0, STORE_LOOKAHEAD_SCORE = 1, STORE_LOOKAHEAD_READ = 2 };
 int store_lookahead_plan(df_store *st, int layer, int *read_ranks);
-/* Guess (look-ahead): these experts of a coming layer may be needed, most confident first, rank[i] (ascending)
- * being ids[i]'s confidence rank; storage reads those ranked below read_ranks that are not cached into idle
- * slots at low priority, leaving the current prefetch alone. Either way the layer's next prefetch scores the
+/* Guess (look-ahead): these experts of a layer about to run may be needed, most confident first, rank[i]
+ * (ascending) being ids[i]'s confidence rank; storage reads those ranked below read_ranks that are not cached
+ * into idle slots at the lowest I/O priority, leaving the current prefetch alone. Either way the layer's next prefetch scores the
  * guess. Out-of-range ids are ignored. */
 void store_experts_hint(df_store *st, int layer, const int *ids, const int *rank, int n, int read_ranks);
 /* Per-layer look-ahead counters (df_layer_lookahead of deltafin.h). */
