@@ -238,6 +238,10 @@ typedef struct df_layer_lookahead {
 DF_API void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
 /* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */
 DF_API void df_engine_warm_wait(df_engine *eng);
+/* Faults the expert cache's memory in now and waits for it. The engine otherwise does this in the background:
+ * a bounded distance ahead of use while it computes, all of it while idle. Benchmarks call it so that their
+ * times leave out the one-time zeroing of fresh pages. */
+DF_API void df_engine_populate_wait(df_engine *eng);
 /* Why a saved heat file was ignored (corrupt, other model), or "" when it was not. */
 DF_API const char *df_engine_heat_note(const df_engine *eng);
 

@@ -633,6 +633,7 @@ int bench_model(int argc, char **argv) {
     df_engine *eng = NULL;
     bench_streams b = {0};
     int rc = df_engine_open(&eng, &opts, &err);
+    if (!rc) df_engine_populate_wait(eng);   /* times below leave out the first touch of the cache's pages */
     if (!rc) rc = bench_streams_init(&b, eng, parallel, prompt, reruns && !spec_path, &err);
     int V = rc ? 0 : b.vocab;
     r.tokens = xmalloc(sizeof *r.tokens * (size_t)n * (size_t)parallel);

@@ -481,6 +481,7 @@ void df_engine_lookahead_layer(const df_engine *e, int layer, df_layer_lookahead
     store_lookahead_layer(e->store, layer, out);
 }
 void df_engine_warm_wait(df_engine *e) { store_warm_wait(e->store); }
+void df_engine_populate_wait(df_engine *e) { store_populate_wait(e->store); }
 
 const char *df_engine_heat_note(const df_engine *e) { return store_heat_note(e->store); }
 

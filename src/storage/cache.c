@@ -3,10 +3,11 @@
 #include "cache.h"
 
 #include <pthread.h>
-#include <stdatomic.h>
+#include <sched.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <time.h>
 
 #include "../common/util.h"
 #include "policy.h"
@@ -52,30 +53,68 @@ struct ecache {
     int warm_n, warm_next, warm_busy;
     ecache_stats st;
     pthread_t populate;  /* faults the bank's pages in ahead of use (ec_populate) */
+    pthread_cond_t populate_cv;   /* signalled when bound_hi grows or the bank is freed */
     int populating;      /* the thread was started */
-    atomic_int populate_stop;
+    int populate_stop;
+    int bound_hi;        /* slots [0, bound_hi) have been bound at least once */
+    int populate_ahead;  /* slots the thread keeps faulted in beyond bound_hi */
+    int populate_all;    /* fault in the whole bank now (ecache_populate_wait) */
+    int populate_done;   /* the thread has finished */
+    double last_use;     /* when the model last asked for an expert, or the bank was made (df_now) */
 };
 
 #define EC_POPULATE_CHUNK ((size_t)64 << 20)
+/* Seconds without a request after which the model counts as idle (a server between requests, a benchmark's disk
+ * probe, the time before the first prompt) and the whole bank is faulted in. */
+#define EC_QUIET_S 0.25
 
-/* A fresh anonymous page costs the kernel a zeroing on first touch, and the first touch of a slot is the read
- * into it: on the I/O path, in the middle of a token, competing with compute for the CPU. Faulting the bank in
- * from a background thread at open moves that cost to the start, when the disk probe, the prompt or an idle
- * server leaves the CPU spare. MADV_POPULATE_WRITE leaves pages already in place untouched, so it is safe
- * beside reads that have started; where the kernel lacks it (before 5.14) the pages fault in on use as before. */
+/* A fresh anonymous page costs the kernel a zeroing on first touch (in this VM about a second per GB), and the
+ * first touch of a slot is the read into it: on the I/O path, in the middle of a token. A background thread at
+ * idle CPU priority faults the bank in ahead of use: while the model is busy, only a bounded distance ahead
+ * of the highest slot bound so far (empty slots are taken lowest first), since zeroing the whole bank while a
+ * prompt runs made an 8-token run's prompt take three times as long; while it is idle, all of it.
+ * MADV_POPULATE_WRITE leaves pages already in place untouched, so it is safe beside reads that have started;
+ * where the kernel lacks it (before 5.14) pages fault in on use. */
 static void *ec_populate(void *arg) {
     ecache *c = arg;
-    size_t n = (size_t)c->n_slots * c->slot_bytes;
-    for (size_t at = 0; at < n && !atomic_load(&c->populate_stop); at += EC_POPULATE_CHUNK)
-        if (madvise(c->mem + at, n - at < EC_POPULATE_CHUNK ? n - at : EC_POPULATE_CHUNK, MADV_POPULATE_WRITE))
-            break;
+    size_t done = 0, n = (size_t)c->n_slots, per = DF_MAX((size_t)1, EC_POPULATE_CHUNK / c->slot_bytes);
+#ifdef SCHED_IDLE
+    struct sched_param idle = {0};
+    pthread_setschedparam(pthread_self(), SCHED_IDLE, &idle);
+#endif
+    pthread_mutex_lock(&c->mu);
+    while (!c->populate_stop && done < n) {
+        double quiet = df_now() - c->last_use;
+        size_t want = c->populate_all || quiet >= EC_QUIET_S
+                          ? n : (size_t)DF_MIN((int64_t)n, (int64_t)c->bound_hi + c->populate_ahead);
+        if (done >= want) {   /* until more slots are bound, or the model has been idle long enough */
+            struct timespec until;
+            clock_gettime(CLOCK_MONOTONIC, &until);
+            double wait = EC_QUIET_S - quiet + 1e-3;
+            until.tv_sec += (time_t)wait;
+            until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
+            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+            pthread_cond_timedwait(&c->populate_cv, &c->mu, &until);
+            continue;
+        }
+        size_t end = DF_MIN(want, done + per);
+        pthread_mutex_unlock(&c->mu);
+        int rc = madvise(c->mem + done * c->slot_bytes, (end - done) * c->slot_bytes, MADV_POPULATE_WRITE);
+        pthread_mutex_lock(&c->mu);
+        if (rc) break;
+        done = end;
+        c->st.populated_slots = (int)done;
+    }
+    c->populate_done = 1;
+    pthread_cond_broadcast(&c->cv);
+    pthread_mutex_unlock(&c->mu);
     return NULL;
 }
 
 static int64_t ec_key(const ecache *c, int layer, int e) { return c->base[layer] + e; }
 
-ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,
-                   ecache_load_fn load, void *ctx) {
+ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, size_t populate_ahead,
+                   io_pool *pool, ecache_load_fn load, void *ctx) {
     DF_ASSERT(n_slots > 0 && slot_bytes % IO_ALIGN == 0);
     ecache *c = xcalloc(1, sizeof *c);
     pthread_mutex_init(&c->mu, NULL);
@@ -100,14 +139,23 @@ ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_
     c->st.slots = n_slots;
     c->st.slot_bytes = slot_bytes;
     c->pol = policy_new(POLICY_DEFAULT, n_slots, n_layers, c->base);
-    atomic_init(&c->populate_stop, 0);
+    pthread_condattr_t ca;
+    pthread_condattr_init(&ca);
+    pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+    pthread_cond_init(&c->populate_cv, &ca);
+    pthread_condattr_destroy(&ca);
+    c->last_use = df_now();
+    c->populate_ahead = (int)DF_MIN((size_t)n_slots, DF_MAX((size_t)1, populate_ahead / slot_bytes));
     c->populating = !pthread_create(&c->populate, NULL, ec_populate, c);
     return c;
 }
 
 void ecache_free(ecache *c) {
     if (!c) return;
-    atomic_store(&c->populate_stop, 1);
+    pthread_mutex_lock(&c->mu);
+    c->populate_stop = 1;
+    pthread_cond_broadcast(&c->populate_cv);
+    pthread_mutex_unlock(&c->mu);
     if (c->populating) pthread_join(c->populate, NULL);
     pthread_mutex_lock(&c->mu);
     c->warm_n = c->warm_next;   /* no further warming reads */
@@ -117,6 +165,7 @@ void ecache_free(ecache *c) {
     io_mem_free(c->mem, (size_t)c->n_slots * c->slot_bytes);
     pthread_mutex_destroy(&c->mu);
     pthread_cond_destroy(&c->cv);
+    pthread_cond_destroy(&c->populate_cv);
     free(c->slots);
     free(c->map);
     free(c->base);
@@ -174,6 +223,10 @@ static ec_slot *ec_bind(ecache *c, int i, int layer, int e) {
     policy_fill(c->pol, i, ec_key(c, layer, e));
     c->st.loads++;
     c->loading++;
+    if (i >= c->bound_hi) {
+        c->bound_hi = i + 1;
+        pthread_cond_signal(&c->populate_cv);
+    }
     return s;
 }
 
@@ -302,6 +355,7 @@ void ecache_hint(ecache *c, int layer, const int *ids, const int *rank, int n, i
 
 void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
     pthread_mutex_lock(&c->mu);
+    c->last_use = df_now();
     ec_hint_score(c, layer, ids, n);
     c->lh[layer].passes++;
     for (int i = 0; i < c->n_slots; i++) c->slots[i].wanted = 0;
@@ -320,6 +374,7 @@ void ecache_prefetch(ecache *c, int layer, const int *ids, int n) {
 
 int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
     pthread_mutex_lock(&c->mu);
+    c->last_use = df_now();
     int waited = 0;
     {
         int i = c->map[ec_key(c, layer, e)];
@@ -371,6 +426,7 @@ int ecache_acquire(ecache *c, int layer, int e, df_expert *out, df_error *err) {
 int ecache_acquire_next(ecache *c, int layer, const int *ids, int n, uint8_t *done, int *which, df_expert *out,
                         df_error *err) {
     pthread_mutex_lock(&c->mu);
+    c->last_use = df_now();
     int waited = 0;
     for (;;) {
         int loading = 0, unbound = -1;
@@ -448,6 +504,14 @@ void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const floa
     c->warm_n = n;
     c->warm_next = 0;
     ec_warm_next(c);
+    pthread_mutex_unlock(&c->mu);
+}
+
+void ecache_populate_wait(ecache *c) {
+    pthread_mutex_lock(&c->mu);
+    c->populate_all = 1;
+    pthread_cond_broadcast(&c->populate_cv);
+    while (c->populating && !c->populate_done) pthread_cond_wait(&c->cv, &c->mu);
     pthread_mutex_unlock(&c->mu);
 }
 

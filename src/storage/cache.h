@@ -30,6 +30,7 @@ typedef struct ecache_stats {
     uint64_t lookahead_requests;  /* experts prefetched for layers that had a hint */
     uint64_t lookahead_recalled;  /* of those, experts the hint had named */
     uint64_t warm_loads;     /* reads started by warming */
+    int populated_slots;     /* slots the background thread has faulted in (from slot 0 up) */
     int slots;
     size_t slot_bytes;
 } ecache_stats;
@@ -45,8 +46,9 @@ typedef struct ecache_hint_stats {
     double wait_s;
 } ecache_hint_stats;
 
-ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, io_pool *pool,
-                   ecache_load_fn load, void *ctx);
+/* populate_ahead: bytes of slots beyond those used so far whose pages a background thread faults in. */
+ecache *ecache_new(int n_layers, const int *n_experts, int n_slots, size_t slot_bytes, size_t populate_ahead,
+                   io_pool *pool, ecache_load_fn load, void *ctx);
 /* Waits for reads in flight, then frees the bank. */
 void ecache_free(ecache *c);
 /* Replaces the prefetch list with these experts of this layer (in this order). */
@@ -71,6 +73,9 @@ void ecache_get_stats(ecache *c, ecache_stats *out);
 void ecache_warm(ecache *c, int n, const int *layers, const int *ids, const float *heat);
 /* Waits until warming has read all it will. */
 void ecache_warm_wait(ecache *c);
+/* Faults the whole bank in now (it is otherwise done in the background: ahead of use while the model is busy,
+ * all of it while idle) and waits for it, so that later reads never zero fresh pages. */
+void ecache_populate_wait(ecache *c);
 /* Replaces the replacement policy (a policy_kind; POLICY_DEFAULT until called). */
 void ecache_set_policy(ecache *c, int kind);
 

@@ -305,6 +305,10 @@ void store_warm_wait(df_store *st) {
     if (st->cache) ecache_warm_wait(st->cache);
 }
 
+void store_populate_wait(df_store *st) {
+    if (st->cache) ecache_populate_wait(st->cache);
+}
+
 const char *store_heat_note(const df_store *st) { return st->heat_note; }
 
 void store_expert_release(df_store *st, int layer, int e) {

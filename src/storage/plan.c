@@ -356,6 +356,7 @@ int plan_build(df_store *st, df_error *err) {
         return df_error_set(err, DF_ENOMEM, "%s: memory budget %s leaves no room for an expert slot (%llu bytes)",
                             st->dir, b1, (unsigned long long)st->slot_bytes), DF_ENOMEM;
     }
-    st->cache = ecache_new(st->n_layers, st->n_experts, (int)slots, st->slot_bytes, st->pool, experts_load, st);
+    st->cache = ecache_new(st->n_layers, st->n_experts, (int)slots, st->slot_bytes, STORE_POPULATE_AHEAD, st->pool,
+                           experts_load, st);
     return store_policy_open(st, err);
 }

@@ -145,6 +145,8 @@ int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err);
 void store_head_tile_release(df_store *st, int j);
 /* Waits until warming from saved heat has read what it will (nothing to wait for without heat). */
 void store_warm_wait(df_store *st);
+/* Faults the whole expert cache in now and waits for it (ecache_populate_wait). */
+void store_populate_wait(df_store *st);
 /* Why a saved heat file was ignored, or "" (heat off, absent or valid). */
 const char *store_heat_note(const df_store *st);
 void store_expert_release(df_store *st, int layer, int e);

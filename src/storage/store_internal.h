@@ -25,6 +25,8 @@
 #define STORE_MAX_PROBLEMS 24
 #define STORE_IO_THREADS 8
 #define STORE_MIN_SLOTS 24
+/* Bytes of expert slots kept faulted in beyond those the cache has used (cache.c, ec_populate). */
+#define STORE_POPULATE_AHEAD ((size_t)1 << 30)
 
 /* One tensor of the checkpoint as the store sees it: which shard, which header entry. */
 typedef struct store_ref {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <sys/mman.h>
 #include <unistd.h>
 #include "test.h"
 #include "engine_fixture.h"
@@ -93,10 +94,66 @@ static int fake_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view
     return DF_OK;
 }
 
+/* Keeps the cache busy (asks for expert 0, which it holds) while waiting up to 10 s for the background thread
+ * to fault in at least want slots, then a little longer to see whether it stops there; returns how many it
+ * faulted in. */
+static int populated_busy(ecache *c, int want) {
+    ecache_stats s;
+    df_expert x;
+    df_error err = {0};
+    struct timespec pause = {0, 2000000};
+    for (int i = 0; i < 5025; i++) {
+        if (ecache_acquire(c, 0, 0, &x, &err) == DF_OK) ecache_release(c, 0, 0);
+        ecache_get_stats(c, &s);
+        if (s.populated_slots < want) i = DF_MIN(i, 5000);   /* 25 more polls (50 ms) once reached */
+        nanosleep(&pause, NULL);
+    }
+    ecache_get_stats(c, &s);
+    return s.populated_slots;
+}
+
+/* While the model asks for experts, the bank's pages are faulted in a bounded distance ahead of the slots used
+ * so far; once it has been idle a while, all of them. */
+static void test_populate(void) {
+    void *probe = mmap(NULL, IO_ALIGN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    int supported = probe != MAP_FAILED && !madvise(probe, IO_ALIGN, MADV_POPULATE_WRITE);
+    if (probe != MAP_FAILED) munmap(probe, IO_ALIGN);
+    if (!supported) {
+        SKIP("no MADV_POPULATE_WRITE in this kernel (before 5.14)", "cache: pages faulted in ahead of use");
+        return;
+    }
+    io_pool *pool = io_pool_new(2);
+    int ne[1] = {64};
+    ecache *c = ecache_new(1, ne, 64, IO_ALIGN, 8 * IO_ALIGN, pool, fake_load, NULL);
+    int first = populated_busy(c, 9), ok = 1;   /* expert 0 in slot 0: 1 + 8 slots */
+    df_expert x;
+    df_error err = {0};
+    for (int e = 1; e < 20; e++) {   /* empty slots are taken lowest first: slots 1..19 */
+        ok &= ecache_acquire(c, 0, e, &x, &err) == DF_OK;
+        ecache_release(c, 0, e);
+    }
+    int twenty = populated_busy(c, 28);
+    CHECK(ok && first == 9 && twenty == 28, "cache: while busy, pages faulted in 8 slots ahead of use (%d of 64 "
+          "slots with 1 used, %d with 20)", first, twenty);
+    ecache_populate_wait(c);
+    ecache_stats s;
+    ecache_get_stats(c, &s);
+    CHECK(s.populated_slots == 64, "cache: asked to, it faults the whole bank in (%d of 64)", s.populated_slots);
+    ecache_free(c);
+    c = ecache_new(1, ne, 64, IO_ALIGN, 8 * IO_ALIGN, pool, fake_load, NULL);
+    ok = ecache_acquire(c, 0, 0, &x, &err) == DF_OK;
+    ecache_release(c, 0, 0);
+    struct timespec pause = {0, 2000000};
+    for (int i = 0; i < 5000 && (ecache_get_stats(c, &s), s.populated_slots < 64); i++) nanosleep(&pause, NULL);
+    CHECK(ok && s.populated_slots == 64, "cache: once idle, the whole bank faulted in (%d of 64)", s.populated_slots);
+    ecache_free(c);
+    io_pool_free(pool);
+}
+
 static void test_hint(void) {
     io_pool *pool = io_pool_new(2);
     int ne[3] = {8, 8, 8};
-    ecache *c = ecache_new(3, ne, 4, IO_ALIGN, pool, fake_load, NULL);
+    ecache *c = ecache_new(3, ne, 4, IO_ALIGN, 0, pool, fake_load, NULL);
     int cur[2] = {0, 1}, guess[3] = {2, 3, 4}, rank[3] = {0, 1, 1}, real[2] = {2, 5};
     ecache_prefetch(c, 0, cur, 2);
     ecache_hint(c, 1, guess, rank, 3, 2);
@@ -135,7 +192,7 @@ static void test_hint(void) {
 static void test_hint_ranks(void) {
     io_pool *pool = io_pool_new(2);
     int ne[2] = {8, 8};
-    ecache *c = ecache_new(2, ne, 6, IO_ALIGN, pool, fake_load, NULL);
+    ecache *c = ecache_new(2, ne, 6, IO_ALIGN, 0, pool, fake_load, NULL);
     int guess[4] = {6, 1, 3, 0}, rank[4] = {0, 0, 1, 2};
     ecache_hint(c, 1, guess, rank, 4, 1);
     ecache_hint_stats h;
@@ -246,6 +303,7 @@ int main(void) {
     snprintf(hook, sizeof hook, "open:%s", base);
     check_source(path, IO_KIND_URING, hook, "O_DIRECT refused at open");
     unlink(path);
+    test_populate();
     test_hint();
     test_hint_ranks();
     test_pool_busy();

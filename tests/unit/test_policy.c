@@ -128,7 +128,7 @@ static void test_cache_matches_sim(void) {
     for (int kind = 0; kind < POLICY_COUNT; kind++) {
         io_pool *pool = io_pool_new(1);
         int slots = 12;
-        ecache *c = ecache_new(TL, ne, slots, IO_ALIGN, pool, mark_load, NULL);
+        ecache *c = ecache_new(TL, ne, slots, IO_ALIGN, 0, pool, mark_load, NULL);
         ecache_set_policy(c, kind);
         int ok = 1;
         df_error err = {0};
