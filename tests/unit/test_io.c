@@ -102,10 +102,10 @@ static int populated_busy(ecache *c, int want) {
     df_expert x;
     df_error err = {0};
     struct timespec pause = {0, 2000000};
-    for (int i = 0; i < 5025; i++) {
+    for (int i = 0, reached = -1; i < 5000 && (reached < 0 || i < reached + 25); i++) {   /* 2 ms each */
         if (ecache_acquire(c, 0, 0, &x, &err) == DF_OK) ecache_release(c, 0, 0);
         ecache_get_stats(c, &s);
-        if (s.populated_slots < want) i = DF_MIN(i, 5000);   /* 25 more polls (50 ms) once reached */
+        if (reached < 0 && s.populated_slots >= want) reached = i;
         nanosleep(&pause, NULL);
     }
     ecache_get_stats(c, &s);
