@@ -67,6 +67,15 @@ double df_now(void) {
     return ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
+struct timespec df_deadline(clockid_t clock, double seconds) {
+    struct timespec ts;
+    clock_gettime(clock, &ts);
+    long long ns = (long long)ts.tv_nsec + (long long)(seconds * 1e9);
+    ts.tv_sec += (time_t)(ns / 1000000000LL);
+    ts.tv_nsec = (long)(ns % 1000000000LL);
+    return ts;
+}
+
 int df_open_regular(const char *path, int flags, df_error *err) {
     int fd = open(path, flags | O_CLOEXEC | O_NONBLOCK | O_NOCTTY);
     if (fd < 0) {

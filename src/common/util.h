@@ -4,6 +4,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
+#include <time.h>
 #include "common/error.h"
 #include "deltafin.h"
 
@@ -19,6 +20,8 @@ char *xstrdup(const char *s);
 void *xaligned_alloc(size_t align, size_t n);   /* zero-filled; free with free() */
 
 double df_now(void);                             /* monotonic seconds */
+/* The time `seconds` (>= 0) from now on the given clock: a deadline for pthread_cond_timedwait. */
+struct timespec df_deadline(clockid_t clock, double seconds);
 /* Caps on whole-file reads: JSON metadata (config, index, tokenizer config, manifest) is far smaller than
  * DF_JSON_FILE_MAX; any file read whole is smaller than DF_READ_FILE_MAX. */
 #define DF_JSON_FILE_MAX ((size_t)64 << 20)

@@ -168,11 +168,7 @@ static void *watch_main(void *arg) {
     srv *s = arg;
     pthread_mutex_lock(&s->cw_mu);
     while (!s->cw_stop) {
-        struct timespec ts;
-        clock_gettime(CLOCK_REALTIME, &ts);
-        ts.tv_nsec += 250 * 1000000L;
-        ts.tv_sec += ts.tv_nsec / 1000000000L;
-        ts.tv_nsec %= 1000000000L;
+        struct timespec ts = df_deadline(CLOCK_REALTIME, 0.25);
         pthread_cond_timedwait(&s->cw_cv, &s->cw_mu, &ts);
         double now = df_now();
         for (srv_conn_watch *w = s->cw_head; w; w = w->next)

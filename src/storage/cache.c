@@ -88,12 +88,7 @@ static void *ec_populate(void *arg) {
         size_t want = c->populate_all || quiet >= EC_QUIET_S
                           ? n : (size_t)DF_MIN((int64_t)n, (int64_t)c->bound_hi + c->populate_ahead);
         if (done >= want) {   /* until more slots are bound, or the model has been idle long enough */
-            struct timespec until;
-            clock_gettime(CLOCK_MONOTONIC, &until);
-            double wait = EC_QUIET_S - quiet + 1e-3;
-            until.tv_sec += (time_t)wait;
-            until.tv_nsec += (long)((wait - (double)(time_t)wait) * 1e9);
-            if (until.tv_nsec >= 1000000000L) until.tv_sec++, until.tv_nsec -= 1000000000L;
+            struct timespec until = df_deadline(CLOCK_MONOTONIC, EC_QUIET_S - quiet + 1e-3);
             pthread_cond_timedwait(&c->populate_cv, &c->mu, &until);
             continue;
         }

@@ -125,8 +125,8 @@ enum { STORE_LOOKAHEAD_SKIP = 0, STORE_LOOKAHEAD_SCORE = 1, STORE_LOOKAHEAD_READ
 int store_lookahead_plan(df_store *st, int layer, int *read_ranks);
 /* Guess (look-ahead): these experts of a layer about to run may be needed, most confident first, rank[i]
  * (ascending) being ids[i]'s confidence rank; storage reads those ranked below read_ranks that are not cached
- * into idle slots at the lowest I/O priority, leaving the current prefetch alone. Either way the layer's next prefetch scores the
- * guess. Out-of-range ids are ignored. */
+ * into idle slots at the lowest I/O priority, leaving the current prefetch alone. Either way the layer's next
+ * prefetch scores the guess. Out-of-range ids are ignored. */
 void store_experts_hint(df_store *st, int layer, const int *ids, const int *rank, int n, int read_ranks);
 /* Per-layer look-ahead counters (df_layer_lookahead of deltafin.h). */
 void store_lookahead_layer(df_store *st, int layer, df_layer_lookahead *out);
