@@ -63,7 +63,10 @@ struct ecache {
     double last_use;     /* when the model last asked for an expert, or the bank was made (df_now) */
 };
 
-#define EC_POPULATE_CHUNK ((size_t)64 << 20)
+/* Faulting pages in holds the process's memory-map lock, and a thread that maps or unmaps memory (malloc of a
+ * large block, a session's state) waits for it and makes every page fault queue behind it: 64 MiB at a time,
+ * zeroed at this VM's 1-3 GB/s, stalled opening a session for seconds while the bank was faulted in. */
+#define EC_POPULATE_CHUNK ((size_t)2 << 20)
 /* Seconds without a request after which the model counts as idle (a server between requests, a benchmark's disk
  * probe, the time before the first prompt) and the whole bank is faulted in. */
 #define EC_QUIET_S 0.25
