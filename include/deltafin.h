@@ -90,6 +90,9 @@ typedef struct df_engine_opts {
                                  in parts by itself) */
     const char *expert_dirs;  /* "A,B": where `deltafin place` put the experts, when the folders moved; the
                                  placement in DIR/.deltafin is used without it */
+    int preload;              /* DF_PRELOAD_ON (0, the default): a spine served from the checkpoint's file mappings
+                                 (when it fits the budget) is read in from open on, in the background, in the order
+                                 the model uses it; DF_PRELOAD_OFF: by page faults on first use (`deltafin info`) */
     int64_t ctx_tokens;       /* > 0: the budget holds one session's state (recurrent states, attention cache,
                                  history, rollback record) for this many tokens, and sessions stop there (the
                                  model's context if smaller); 0: sessions are not counted and may reach the
@@ -99,6 +102,8 @@ typedef struct df_engine_opts {
 enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };
 
 enum { DF_HEAT_OFF = 0, DF_HEAT_ON = 1, DF_HEAT_READ = 2 };
+
+enum { DF_PRELOAD_ON = 0, DF_PRELOAD_OFF = 1 };
 
 enum { DF_CACHE_DEFAULT = 0, DF_CACHE_LRU = 1, DF_CACHE_LFU = 2, DF_CACHE_ARC = 3 };
 
@@ -238,9 +243,10 @@ typedef struct df_layer_lookahead {
 DF_API void df_engine_lookahead_layer(const df_engine *eng, int layer, df_layer_lookahead *out);
 /* With DF_HEAT_ON: waits until background warming has read what it will (`deltafin warm`). */
 DF_API void df_engine_warm_wait(df_engine *eng);
-/* Faults the expert cache's memory in now and waits for it. The engine otherwise does this in the background:
- * a bounded distance ahead of use while it computes, all of it while idle. Benchmarks call it so that their
- * times leave out the one-time zeroing of fresh pages. */
+/* Waits until the spine is in memory and faults the expert cache's memory in now. The engine otherwise does
+ * both in the background: a spine read from the checkpoint's file mappings from open on, in the order the model
+ * uses it; the cache a bounded distance ahead of use while it computes, all of it while idle. Benchmarks call it
+ * so that their times leave out the one-time loading of the spine and zeroing of fresh pages. */
 DF_API void df_engine_populate_wait(df_engine *eng);
 /* Why a saved heat file was ignored (corrupt, other model), or "" when it was not. */
 DF_API const char *df_engine_heat_note(const df_engine *eng);

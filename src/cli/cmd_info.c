@@ -34,6 +34,7 @@ int cmd_info(int argc, char **argv) {
     df_engine_opts_default(&opts);
     opts.n_threads = 1;
     opts.heat = DF_HEAT_READ;
+    opts.preload = DF_PRELOAD_OFF;   /* prints the plan: nothing to compute */
     opts.ctx_tokens = CLI_DEFAULT_CTX;   /* the plan as run and chat make it */
     int c;
     while ((c = getopt_long(argc, argv, "m:h", longopts, NULL)) != -1) {

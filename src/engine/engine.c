@@ -59,7 +59,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                      .cache_policy = opts->cache_policy, .trace_routing = opts->trace_routing, .heat = opts->heat,
                      .head_tile_rows = opts->head_tile_rows,
                      .spine_part_bytes = opts->spine_part_bytes > 0 ? (uint64_t)opts->spine_part_bytes : 0,
-                     .expert_dirs = opts->expert_dirs};
+                     .expert_dirs = opts->expert_dirs, .preload = opts->preload};
     if (opts->ctx_tokens > 0) engine_state_share(opts, &so);
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {

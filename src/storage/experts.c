@@ -306,6 +306,7 @@ void store_warm_wait(df_store *st) {
 }
 
 void store_populate_wait(df_store *st) {
+    spine_warm_wait(st->warm);
     if (st->cache) ecache_populate_wait(st->cache);
 }
 

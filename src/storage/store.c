@@ -49,6 +49,33 @@ static int store_open_io(df_store *st, df_error *err) {
     return rc;
 }
 
+static int warm_range_cmp(const void *a, const void *b) {
+    const uint8_t *x = ((const warm_range *)a)->p, *y = ((const warm_range *)b)->p;
+    return (x > y) - (x < y);
+}
+
+/* Adds the items' mapped bytes, but the embedding's, sorted by address (store_preload_ranges). */
+static int store_warm_items(const df_store *st, const store_item *it, int n, warm_range *r, int k) {
+    int k0 = k;
+    const char *embed = tensor_name_suffix(TN_EMBED);
+    for (int i = 0; i < n; i++) {
+        const st_file *f = it[i].ref.t ? &st->shards[it[i].ref.shard] : NULL;
+        if (!f || !f->map || !it[i].usable || !strcmp(it[i].key, embed)) continue;
+        r[k++] = (warm_range){f->map + store_ref_offset(st, it[i].ref), it[i].ref.t->end - it[i].ref.t->begin};
+    }
+    qsort(r + k0, (size_t)(k - k0), sizeof *r, warm_range_cmp);
+    return k;
+}
+
+int store_preload_ranges(const df_store *st, warm_range **out) {
+    int cap = st->n_globals, k = 0;
+    for (int l = 0; l < st->n_layers; l++) cap += st->layers[l].n;
+    warm_range *r = xmalloc(sizeof *r * (size_t)(cap ? cap : 1));
+    for (int l = 0; l < st->n_layers; l++) k = store_warm_items(st, st->layers[l].items, st->layers[l].n, r, k);
+    *out = r;
+    return store_warm_items(st, st->globals, st->n_globals, r, k);
+}
+
 int store_open(df_store **out, const char *dir, df_error *err) { return store_open_ex(out, dir, NULL, err); }
 
 int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_error *err) {
@@ -66,6 +93,12 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
     if (!rc) rc = store_open_io(st, err);
     if (!rc) rc = plan_build(st, err);
     if (!rc) st->ra = readahead_new(st->n_layers, st->opts.lookahead, st->cache, st->pool);
+    if (!rc && !st->spine && st->opts.preload == DF_PRELOAD_ON) {
+        warm_range *r;
+        int n = store_preload_ranges(st, &r);
+        st->warm = spine_warm_start(r, n);
+        free(r);
+    }
     free(refs.v);
     if (rc) {
         store_free(st);
@@ -77,6 +110,7 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
 
 void store_free(df_store *st) {
     if (!st) return;
+    spine_warm_free(st->warm);   /* before the mappings it reads go */
     readahead_free(st->ra);
     ecache_free(st->cache);
     rtrace_writer_close(st->trace, &(df_error){0});

@@ -14,6 +14,7 @@
 #include <stdint.h>
 #include "deltafin.h"
 #include "../common/tensor.h"
+#include "spine_warm.h"
 
 typedef struct df_store df_store;
 typedef struct df_store_layer df_store_layer;
@@ -48,6 +49,7 @@ typedef struct store_opts {
     const char *expert_dirs; /* comma-separated folders replacing those of DIR/.deltafin/placement (place.h) */
     uint64_t state_bytes;    /* the budget's share kept for session state (df_engine_opts.ctx_tokens) */
     int64_t state_tokens;    /* the tokens it holds (for info) */
+    int preload;             /* DF_PRELOAD_*: read a spine served from the mappings in from open (spine_warm.h) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -145,7 +147,13 @@ int store_head_tile_acquire(df_store *st, int j, df_tensor *out, df_error *err);
 void store_head_tile_release(df_store *st, int j);
 /* Waits until warming from saved heat has read what it will (nothing to wait for without heat). */
 void store_warm_wait(df_store *st);
-/* Faults the whole expert cache in now and waits for it (ecache_populate_wait). */
+/* What preloading reads of a spine served from the mappings (spine_warm.h), in that order: each
+ * layer's mapped tensors, then the top-level ones but the embedding (read a row at a time, on demand); a layer's
+ * in file order, since the model's order of use is not the file's and a disk reads fastest in its own. Returns
+ * the count; *out is the caller's to free. */
+int store_preload_ranges(const df_store *st, warm_range **out);
+/* Waits until a spine served from the mappings is read in (spine_warm.h), then faults the whole expert cache
+ * in now and waits for it (ecache_populate_wait). */
 void store_populate_wait(df_store *st);
 /* Why a saved heat file was ignored, or "" (heat off, absent or valid). */
 const char *store_heat_note(const df_store *st);

@@ -17,6 +17,7 @@
 #include "readahead.h"
 #include "safetensors.h"
 #include "spine.h"
+#include "spine_warm.h"
 #include "store.h"
 #include "tensor_names.h"
 #include "tiles.h"
@@ -99,6 +100,7 @@ struct df_store {
     ecache *cache;
     readahead *ra;                   /* look-ahead policy */
     spine *spine;                    /* NULL: spine served from the mappings */
+    spine_warm *warm;                /* reads a mapped spine in ahead of the model (NULL: none) */
     int *global_region;              /* globals -> region of the top-level unit, -1 for mapped ones */
     int global_unit;                 /* the spine unit of the top-level tensors */
     int streamed_layers, split_layers;   /* layers re-read every pass; of them, those read in parts */

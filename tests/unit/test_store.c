@@ -111,6 +111,30 @@ static void write_k3(const char *dir) {
                   "\"text_config\":{\"model_type\":\"kimi_k3\",\"num_hidden_layers\":3}}");
 }
 
+static int range_is(const warm_range *r, const df_tensor *t, size_t n) { return t && r->p == t->data && r->n == n; }
+
+/* Preloading reads every mapped spine tensor, layer by layer and in file order within one, then the top-level
+ * ones (lm_head, the final norm) but the embedding; no expert span (experts are read into cache slots). */
+static void check_preload(df_store *st) {
+    const df_store_layer *l[3];
+    df_error err;
+    for (int i = 0; i < 3; i++) store_layer_table(st, i, &l[i], &err);
+    warm_range *r;
+    int n = store_preload_ranges(st, &r);
+    const df_tensor *ln0 = store_layer_tensor(l[0], "input_layernorm.weight"),
+                    *g0 = store_layer_tensor(l[0], "mlp.gate_proj.weight"),
+                    *head = store_global(st, "lm_head.weight"), *norm = store_global(st, "model.norm.weight");
+    int layers = n == 6 && range_is(&r[0], ln0, sizeof k_ln0) && range_is(&r[1], g0, sizeof k_gate0) &&
+                 (const void *)r[0].p < (const void *)r[1].p &&
+                 range_is(&r[2], store_layer_tensor(l[1], "block_sparse_moe.gate.weight"), sizeof k_router) &&
+                 range_is(&r[3], store_layer_tensor(l[2], "self_attn.q_proj.weight"), sizeof k_q2);
+    int top = n == 6 && ((range_is(&r[4], head, sizeof k_head) && range_is(&r[5], norm, sizeof k_norm)) ||
+                         (range_is(&r[4], norm, sizeof k_norm) && range_is(&r[5], head, sizeof k_head)));
+    CHECK(layers && top, "preload: layer 0's two tensors in file order, layer 1's router, layer 2's q_proj, then "
+          "lm_head and the final norm; not the embedding nor any expert (%d ranges)", n);
+    free(r);
+}
+
 static void test_k3(const char *dir) {
     write_k3(dir);
     df_store *st = NULL;
@@ -155,6 +179,8 @@ static void test_k3(const char *dir) {
     store_layer_release(st, l0);
     store_layer_release(st, l1);
     store_layer_release(st, l2);
+
+    check_preload(st);
 
     CHECK(store_expert_count(st, 1) == NE && store_expert_count(st, 0) == 0 && store_expert_count(st, 2) == 0 &&
               store_expert_count(st, 7) == 0, "expert counts");
