@@ -64,6 +64,11 @@ ok = all(x["compute_reruns"] == 3 and x["rerun_logits_identical"] for x in (a, b
     and a["compute_s_per_token"] > 0 and abs(a["floor_ratio"] - a["s_per_token"] / fl) < 1e-3 * a["floor_ratio"] + 1e-4
 print(("ok - " if ok else "not ok - ") + f"compute-only re-runs: same logits as the timed token, nothing read when resident "
       f"({a['compute_rerun_disk_bytes']} B), floor_ratio = s/token / max(floor, compute) = {a['floor_ratio']}")
+def best_ok(x):   # the floor's rate is the probe's best or the engine's own in-flight rate, whichever is higher
+    eng = x["disk_bytes_per_token"] / (x["disk_busy_share"] * x["s_per_token"]) / 1e9 if x["engine_gbps"] else 0
+    return abs(x["disk_gbps"] - max(x["probe_gbps"], x["engine_gbps"])) < 1e-3 and abs(x["engine_gbps"] - eng) <= 0.02 * eng
+print(("ok - " if all(best_ok(x) for x in (a, b, c)) else "not ok - ") + "disk_gbps = max(probe's best, engine's in-flight rate): "
+      + ", ".join(f"{x['disk_gbps']} = max({x['probe_gbps']}, {x['engine_gbps']})" for x in (a, b, c)))
 probe = [x["pattern"] for x in a["disk_probe"]]
 print(("ok - " if any("expert reads" in x for x in probe) else "not ok - ") + "the disk probe includes the engine's own expert reads")
 same = a["generated"] == b["generated"] == c["generated"]
