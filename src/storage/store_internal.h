@@ -17,7 +17,6 @@
 #include "readahead.h"
 #include "safetensors.h"
 #include "spine.h"
-#include "spine_warm.h"
 #include "store.h"
 #include "tensor_names.h"
 #include "tiles.h"

@@ -122,8 +122,8 @@ static void check_preload(df_store *st) {
     warm_range *r;
     int n = store_preload_ranges(st, &r);
     const df_tensor *ln0 = store_layer_tensor(l[0], "input_layernorm.weight"),
-                    *g0 = store_layer_tensor(l[0], "mlp.gate_proj.weight"),
-                    *head = store_global(st, "lm_head.weight"), *norm = store_global(st, "model.norm.weight");
+                    *g0 = store_layer_tensor(l[0], "mlp.gate_proj.weight"), *head = store_global(st, "lm_head.weight"),
+                    *norm = store_global(st, "model.norm.weight");
     int layers = n == 6 && range_is(&r[0], ln0, sizeof k_ln0) && range_is(&r[1], g0, sizeof k_gate0) &&
                  (const void *)r[0].p < (const void *)r[1].p &&
                  range_is(&r[2], store_layer_tensor(l[1], "block_sparse_moe.gate.weight"), sizeof k_router) &&
