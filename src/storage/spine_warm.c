@@ -1,14 +1,14 @@
 /* spine_warm.c — the mapped spine read ahead of the model (spine_warm.h). The ranges are cut into chunks; the
- * thread keeps WARM_AHEAD of them asked for (MADV_WILLNEED starts their reads without waiting) and waits for
- * the oldest by mapping it (MADV_POPULATE_READ), so the disk always has work queued but the queue stays short
- * enough for an expert read the model issues meanwhile to get its turn. Kernels before 5.14 lack
- * MADV_POPULATE_READ: the chunks are then only asked for, and the model's faults find them read or in flight. */
+ * thread maps one chunk at a time (MADV_POPULATE_READ, which waits for its reads) while the WARM_AHEAD chunks
+ * after it are asked for (MADV_WILLNEED starts their reads without waiting), so the disk always has work queued
+ * but the queue stays short enough for an expert read the model issues meanwhile to get its turn. Kernels
+ * before 5.14 lack MADV_POPULATE_READ: the chunks are then only asked for, and the model's faults find them
+ * read or in flight. */
 #include "spine_warm.h"
 
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdlib.h>
-#include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
