@@ -253,9 +253,11 @@ DF_API const char *df_engine_heat_note(const df_engine *eng);
 
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert
- * matrix work, and the rest of the forward pass (projections, norms, router, embedding, head). */
+ * matrix work, the output head (final norm and lm_head; waits for a streamed lm_head's tiles count as spine
+ * reads), and the rest of the forward pass (projections, norms, router, embedding). */
 typedef struct df_profile {
     double spine_read, expert_read, attention, expert_compute, spine_compute, total;
+    double lm_head;
 } df_profile;
 DF_API void df_engine_profile(const df_engine *eng, df_profile *out);
 DF_API void df_engine_profile_reset(df_engine *eng);

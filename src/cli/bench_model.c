@@ -394,7 +394,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         else printf("\"prefill_unique_experts\":null,");
         printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,"
                "\"io_floor_s_per_token\":%.6f,"
-               "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
+               "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,"
+               "\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"probe_gbps\":%.4f,\"engine_gbps\":%.4f,"
@@ -405,7 +406,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"prefill_s\":%.4f,\"prefill_expert_bytes\":%llu,\"prefill_expert_reads\":%llu,"
                "\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
-               "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"other\":%.6f},\"generated\":[",
+               "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"lm_head\":%.6f,\"other\":%.6f},"
+               "\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
                r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, r->probe_gbps, r->engine_gbps,
@@ -415,7 +417,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                (unsigned long long)pre_loads,
                r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
                r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
-               other > 0 ? other : 0);
+               r->prof.lm_head / n, other > 0 ? other : 0);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
         printf("],\"generated_streams\":[");
         for (int k = 0; k < r->parallel; k++) {
@@ -493,9 +495,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            "cache hit rate %.1f%%\n", bpt / 1e9, r->parallel > 1 ? "generated token" : "token", ebpt / 1e9,
            sbpt / 1e9, read_gbps, 100 * busy, 100 * hit);
     printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
-           "expert compute %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token", r->prof.spine_read / n,
-           r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
-           other > 0 ? other : 0);
+           "expert compute %.3f s, lm_head %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token",
+           r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,
+           r->prof.expert_compute / n, r->prof.lm_head / n, other > 0 ? other : 0);
     printf("  speculation %s: %d passes, %.2f tokens/pass, drafted %d, accepted %d\n", r->spec, r->passes,
            r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
     if (r->s2.lookahead_requests || la_loads) {

@@ -135,6 +135,7 @@ int bench_spec_decode(df_engine *eng, df_session *s, const bench_spec_args *a, b
         r->prof.attention += p1.attention - p0.attention;
         r->prof.expert_compute += p1.expert_compute - p0.expert_compute;
         r->prof.spine_compute += p1.spine_compute - p0.spine_compute;
+        r->prof.lm_head += p1.lm_head - p0.lm_head;
         r->prof.total += p1.total - p0.total;
         r->decode_s += res.decode_s;
         r->passes += res.passes;

@@ -197,9 +197,10 @@ void cli_profile_line(cli_model *m, int index, df_profile *prev) {
     df_profile now;
     df_engine_profile(m->eng, &now);
     fprintf(stderr, "[token %d] %.1f ms: spine read %.1f, expert read %.1f, attention %.1f, expert compute %.1f, "
-            "spine compute %.1f\n", index, (now.total - prev->total) * 1e3, (now.spine_read - prev->spine_read) * 1e3,
-            (now.expert_read - prev->expert_read) * 1e3, (now.attention - prev->attention) * 1e3,
-            (now.expert_compute - prev->expert_compute) * 1e3, (now.spine_compute - prev->spine_compute) * 1e3);
+            "spine compute %.1f, lm_head %.1f\n", index, (now.total - prev->total) * 1e3,
+            (now.spine_read - prev->spine_read) * 1e3, (now.expert_read - prev->expert_read) * 1e3,
+            (now.attention - prev->attention) * 1e3, (now.expert_compute - prev->expert_compute) * 1e3,
+            (now.spine_compute - prev->spine_compute) * 1e3, (now.lm_head - prev->lm_head) * 1e3);
     *prev = now;
 }
 

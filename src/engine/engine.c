@@ -487,7 +487,8 @@ const char *df_engine_heat_note(const df_engine *e) { return store_heat_note(e->
 
 void df_engine_profile(const df_engine *e, df_profile *out) {
     *out = e->model.prof;
-    out->spine_compute = out->total - out->spine_read - out->expert_read - out->attention - out->expert_compute;
+    out->spine_compute = out->total - out->spine_read - out->expert_read - out->attention - out->expert_compute -
+                         out->lm_head;
     if (out->spine_compute < 0) out->spine_compute = 0;
 }
 

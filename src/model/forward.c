@@ -384,6 +384,7 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
     int rows = 0, T = 0;
     for (int j = 0; j < n_seg; j++) rows += seg[j].logits ? (seg[j].all_rows ? seg[j].T : 1) : 0;
     float *xn = SCRATCH_F32(&m->sc, (int64_t)rows * c->d);
+    double t0 = df_now();
     int r = 0;
     for (int j = 0; j < n_seg; T += seg[j++].T) {
         if (!seg[j].logits) continue;
@@ -398,7 +399,9 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
     float *part = n_tiles > 1 ? SCRATCH_F32(&m->sc, (int64_t)rows * per) : NULL;
     for (int j = 0; j < n_tiles && n_tiles > 1 && !rc; j++) {   /* lm_head streamed: rows j*per.. of the vocabulary */
         df_tensor tile;
+        t0 = model_clock(&m->prof.lm_head, t0);
         rc = store_head_tile_acquire(m->store, j, &tile, err);
+        t0 = model_clock(&m->prof.spine_read, t0);
         if (rc) break;
         kern_matmul(m->kern, &tile, xn, rows, part);
         store_head_tile_release(m->store, j);
@@ -406,6 +409,7 @@ static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, 
             memcpy(out + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
                    (size_t)tile.shape[0] * sizeof(float));
     }
+    model_clock(&m->prof.lm_head, t0);
     r = 0;
     for (int j = 0; !one && !rc && j < n_seg; j++) {
         if (!seg[j].logits) continue;

@@ -56,7 +56,7 @@ d = sys.argv[1]
 a, b, c = (json.load(open(f"{d}/{x}.json")) for x in "abc")
 need = ["s_per_token", "io_floor_s_per_token", "compute_s_per_token", "floor_ratio", "disk_bytes_per_token", "disk_gbps",
         "cache_hit_rate", "rss_peak_bytes", "lookahead_layers"]
-miss = [k for k in need if k not in a] + [k for k in ["spine_read", "expert_read", "spine_compute", "attention",
+miss = [k for k in need if k not in a] + [k for k in ["spine_read", "expert_read", "spine_compute", "attention", "lm_head",
         "expert_compute", "other"] if k not in a.get("breakdown", {})]
 print(("ok - " if not miss else "not ok - ") + "bench --json has the issue's fields" + (f" (missing {miss})" if miss else ""))
 fl = max(a["io_floor_s_per_token"], a["compute_s_per_token"])

@@ -4,7 +4,7 @@
  * (asked for, or chosen by the planner for a budget too small for two whole layers or where parts leave less
  * to read) on K3, Kimi-Linear with MLA and the bundled model, with a 1-slot expert cache and a prompt longer
  * than one pass of parts; a part that cannot be read after a KDA mixer has begun updating its states resets the
- * session instead of keeping it. */
+ * session instead of keeping it. The profile counts the output head apart. */
 #include <string.h>
 #include <unistd.h>
 
@@ -40,6 +40,36 @@ static void compare(const char *dir, int64_t tile_rows, int stream, int want_til
           tiled ? "compared" : err.msg);
     free(ref);
     free(tiled);
+}
+
+/* The profile's phases add up to its total, and lm_head's share is the output head's alone: a pass that asks
+ * for no logits adds none, one that does adds some (resident, and in row tiles). */
+static void profile_head(int64_t tile_rows) {
+    df_engine_opts o;
+    ef_opts(&o, "models/default", NULL);
+    o.head_tile_rows = tile_rows;
+    df_engine *eng = NULL;
+    df_session *s = NULL;
+    df_error err = {0};
+    int rc = df_engine_open(&eng, &o, &err);
+    if (!rc) rc = df_session_init(&s, eng, &err);
+    float *lg = rc ? NULL : xmalloc(sizeof *lg * (size_t)df_engine_info(eng)->vocab_size);
+    df_profile p0 = {0}, p1 = {0}, p2 = {0};
+    if (!rc) rc = df_session_eval(s, toks, 4, NULL, 0, &err);
+    if (!rc) df_engine_profile(eng, &p0);
+    if (!rc) rc = df_session_eval(s, toks + 4, 1, lg, 0, &err);
+    if (!rc) df_engine_profile(eng, &p1);
+    if (!rc) rc = df_session_eval(s, toks + 5, 3, NULL, 0, &err);
+    if (!rc) df_engine_profile(eng, &p2);
+    double parts = p2.spine_read + p2.expert_read + p2.attention + p2.expert_compute + p2.spine_compute + p2.lm_head;
+    CHECK(!rc && p0.lm_head == 0 && p1.lm_head > 0 && p2.lm_head == p1.lm_head && p2.total > p1.total &&
+              p2.spine_compute >= 0 && fabs(parts - p2.total) <= 1e-9 * p2.total,
+          "profile (lm_head %s): lm_head %.3g ms only in the pass with logits (%.3g, %.3g, %.3g); phases sum to "
+          "the total, %.6f = %.6f s (%s)", tile_rows ? "in tiles" : "resident", p1.lm_head * 1e3, p0.lm_head * 1e3,
+          p1.lm_head * 1e3, p2.lm_head * 1e3, parts, p2.total, rc ? err.msg : "ok");
+    free(lg);
+    df_session_free(s);
+    df_engine_free(eng);
 }
 
 /* Layers in parts: of at most part_bytes each (1: one tensor each), or with part_bytes 0 as the planner cuts
@@ -139,6 +169,8 @@ int main(void) {
     compare("models/default", 1024, 0, 6);
     compare("models/default", 1000, 1, 7);   /* the last tile shorter; layers streamed as well */
     compare("tests/fixtures/k3-tiny", 7, 0, 74);   /* 512 rows */
+    profile_head(0);
+    profile_head(1024);
 
     compare_parts("tests/fixtures/k3-tiny", "a budget too small for two whole layers (64.6 MiB)", 0,
                   (uint64_t)(64.6 * (1 << 20)), 0, toks, N, 4);
