@@ -394,8 +394,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         else printf("\"prefill_unique_experts\":null,");
         printf("\"model\":\"%s\",\"tokens\":%.0f,\"prompt_tokens\":%d,\"s_per_token\":%.6f,"
                "\"io_floor_s_per_token\":%.6f,"
-               "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,"
-               "\"compute_wall_s_per_token\":%.6f,"
+               "\"compute_s_per_token\":%.6f,\"floor_ratio\":%.4f,\"io_ratio\":%.4f,\"compute_wall_s_per_token\":%.6f,"
                "\"compute_rerun_disk_bytes\":%llu,\"compute_reruns\":%d,\"rerun_logits_identical\":%s,"
                "\"lookahead\":\"%s\",\"disk_bytes_per_token\":%.0f,\"expert_bytes_per_token\":%.0f,"
                "\"spine_bytes_per_token\":%.0f,\"disk_gbps\":%.4f,\"probe_gbps\":%.4f,\"engine_gbps\":%.4f,"
