@@ -29,8 +29,7 @@ static int store_use_rank(const char *key) {
     return 0;
 }
 
-/* Whether the globals' unit leaves item i out: the embedding (rows read from the mapping) and a tiled lm_head. */
-static int store_global_skipped(const df_store *st, const store_item *it) {
+int plan_global_skipped(const df_store *st, const store_item *it) {
     return !strcmp(it->key, tensor_name_suffix(TN_EMBED)) ||
            (st->head_tiled && !strcmp(it->key, tensor_name_suffix(TN_LM_HEAD)));
 }
@@ -52,7 +51,7 @@ static int store_layer_units(df_store *st, int layer, uint64_t cap, spine_unit *
     for (int i = 0; i < n; i++) region[i] = part[i] = -1;
     for (int o = 0; o < n; o++) {
         int i = order[o];
-        if (glob && store_global_skipped(st, &items[i])) continue;
+        if (glob && plan_global_skipped(st, &items[i])) continue;
         for (int j = 0; j < n && region[i] < 0; j++)   /* the same bytes under another key */
             if (j != i && region[j] >= 0 && items[j].ref.t == items[i].ref.t) region[i] = region[j], part[i] = part[j];
         if (region[i] >= 0) continue;

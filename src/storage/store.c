@@ -54,13 +54,13 @@ static int warm_range_cmp(const void *a, const void *b) {
     return (x > y) - (x < y);
 }
 
-/* Adds the items' mapped bytes, but the embedding's, sorted by address (store_preload_ranges). */
-static int store_warm_items(const df_store *st, const store_item *it, int n, warm_range *r, int k) {
+/* Adds the items' mapped bytes, sorted by address (store_preload_ranges); of the top-level ones (glob), those the
+ * globals' unit holds. */
+static int store_warm_items(const df_store *st, const store_item *it, int n, int glob, warm_range *r, int k) {
     int k0 = k;
-    const char *embed = tensor_name_suffix(TN_EMBED);
     for (int i = 0; i < n; i++) {
         const st_file *f = it[i].ref.t ? &st->shards[it[i].ref.shard] : NULL;
-        if (!f || !f->map || !it[i].usable || !strcmp(it[i].key, embed)) continue;
+        if (!f || !f->map || !it[i].usable || (glob && plan_global_skipped(st, &it[i]))) continue;
         r[k++] = (warm_range){f->map + store_ref_offset(st, it[i].ref), it[i].ref.t->end - it[i].ref.t->begin};
     }
     qsort(r + k0, (size_t)(k - k0), sizeof *r, warm_range_cmp);
@@ -71,9 +71,9 @@ int store_preload_ranges(const df_store *st, warm_range **out) {
     int cap = st->n_globals, k = 0;
     for (int l = 0; l < st->n_layers; l++) cap += st->layers[l].n;
     warm_range *r = xmalloc(sizeof *r * (size_t)(cap ? cap : 1));
-    for (int l = 0; l < st->n_layers; l++) k = store_warm_items(st, st->layers[l].items, st->layers[l].n, r, k);
+    for (int l = 0; l < st->n_layers; l++) k = store_warm_items(st, st->layers[l].items, st->layers[l].n, 0, r, k);
     *out = r;
-    return store_warm_items(st, st->globals, st->n_globals, r, k);
+    return store_warm_items(st, st->globals, st->n_globals, 1, r, k);
 }
 
 int store_open(df_store **out, const char *dir, df_error *err) { return store_open_ex(out, dir, NULL, err); }

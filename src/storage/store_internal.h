@@ -156,5 +156,8 @@ int experts_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df
 
 /* plan.c: the memory plan (spine mapped, resident or streamed; lm_head tiles; expert slots) */
 int plan_build(df_store *st, df_error *err);
+/* Whether the globals' unit leaves top-level item it out: the embedding (rows read from the mapping) and a tiled
+ * lm_head. */
+int plan_global_skipped(const df_store *st, const store_item *it);
 
 #endif
