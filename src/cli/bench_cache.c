@@ -7,8 +7,8 @@
 #include <string.h>
 #include "cli.h"
 #include "common/util.h"
-#include "storage/policy.h"
-#include "storage/trace.h"
+#include "residency/policy.h"
+#include "residency/trace.h"
 
 #define BC_MAX_SIZES 32
 

@@ -12,8 +12,8 @@
 
 #include "cli.h"
 #include "common/util.h"
-#include "storage/dcache.h"
-#include "storage/install_job.h"
+#include "install/dcache.h"
+#include "install/install_job.h"
 
 typedef struct bench_fetch_opts {
     const char *from, *cache_dir;

@@ -28,10 +28,10 @@
 #include "cli_gen.h"
 #include "cli_opts.h"
 #include "common/util.h"
-#include "storage/budget.h"
-#include "storage/io.h"
-#include "storage/safetensors.h"
-#include "storage/tensor_names.h"
+#include "residency/budget.h"
+#include "io/io.h"
+#include "format/safetensors.h"
+#include "format/tensor_names.h"
 
 #define PROBE_PATTERNS 8
 #define BENCH_RERUNS 3

@@ -32,7 +32,7 @@ int bench_streams_restore(bench_streams *b, df_error *err);
 /* Bytes every stream's session holds (saved copies included). */
 uint64_t bench_streams_memory(const bench_streams *b);
 
-/* Unique (layer, expert) pairs among the records of a routing trace (storage/trace.h format) from byte `from`
+/* Unique (layer, expert) pairs among the records of a routing trace (residency/trace.h format) from byte `from`
  * to its end, and in *asked the sum of the records' sizes (what storage counted as expert requests); -1 when
  * the file cannot be read. */
 int64_t bench_trace_unique(const char *path, int64_t from, uint64_t *asked);

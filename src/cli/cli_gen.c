@@ -12,7 +12,7 @@
 #include "cli_gen.h"
 #include "cli_opts.h"
 #include "common/util.h"
-#include "storage/dcache.h"
+#include "install/dcache.h"
 
 const struct option cli_gen_longopts[CLI_GEN_N_LONGOPTS + 1] = {
     {"model", 1, 0, 'm'}, {"threads", 1, 0, 't'}, {"temp", 1, 0, 1001}, {"top-p", 1, 0, 1002},

@@ -1,5 +1,5 @@
 /* cmd_fetch.c — `deltafin fetch --from URL -m DIR [--spine | --all | --layers 1-40,92]`: flags, the plan and
- * a progress display around the library's install job (storage/install_job.h), which does the work. */
+ * a progress display around the library's install job (install/install_job.h), which does the work. */
 #include <getopt.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -8,7 +8,7 @@
 
 #include "cli.h"
 #include "common/util.h"
-#include "storage/install_job.h"
+#include "install/install_job.h"
 
 #define FETCH_MAX_LAYERS 4096
 

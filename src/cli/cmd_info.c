@@ -8,7 +8,7 @@
 #include "cli_opts.h"
 #include "deltafin.h"
 #include "common/util.h"
-#include "storage/remote.h"
+#include "install/remote.h"
 #include "tokenizer/tokenizer.h"
 
 /* Whether run -p, chat and serve can work on this folder (run --tokens and logits need no tokenizer). */

@@ -11,10 +11,10 @@
 #include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
-#include "storage/dcache.h"
-#include "storage/expert_index.h"
-#include "storage/heat.h"
-#include "storage/place.h"
+#include "install/dcache.h"
+#include "residency/expert_index.h"
+#include "residency/heat.h"
+#include "residency/place.h"
 
 #define PLACE_MAX_FOLDERS 64
 #define PLACE_PROBE_BYTES (256u << 20)

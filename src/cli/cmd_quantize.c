@@ -1,5 +1,5 @@
 /* cmd_quantize.c — `deltafin quantize`: writes the int8 spine sidecar beside a checkpoint
- * (`--spine int8`, storage/int8_spine.h), and measures what it costs (`--compare`): the same tokens through
+ * (`--spine int8`, format/int8_spine.h), and measures what it costs (`--compare`): the same tokens through
  * the checkpoint's spine and the int8 one, reporting top-1 agreement, KL(bf16 || int8) per row and the
  * perplexity of each on the tokens themselves. */
 #include <getopt.h>
@@ -12,7 +12,7 @@
 #include "deltafin.h"
 #include "common/prompt.h"
 #include "common/util.h"
-#include "storage/int8_spine.h"
+#include "format/int8_spine.h"
 #include "tokenizer/tokenizer.h"
 
 static void usage(FILE *f) {

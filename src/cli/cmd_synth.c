@@ -18,8 +18,8 @@
 #include <unistd.h>
 #include "cli.h"
 #include "common/util.h"
-#include "storage/st_write.h"
-#include "storage/tensor_names.h"
+#include "format/st_write.h"
+#include "format/tensor_names.h"
 #include "synth_skew.h"
 
 #define SYN_ALIGN 16384u

@@ -7,7 +7,7 @@
 #include "deltafin.h"
 #include "config.h"
 #include "kernels/kernels.h"
-#include "storage/store.h"
+#include "residency/store.h"
 #include "scratch.h"
 #include "weights.h"
 

@@ -1,5 +1,5 @@
 /* weights.c — binding the spine once at open: per layer, every tensor the config's mixer and FFN use is looked
- * up by its name in the checkpoint name table (storage/tensor_names.h), checked (shape, dtype) and kept as a
+ * up by its name in the checkpoint name table (format/tensor_names.h), checked (shape, dtype) and kept as a
  * pointer to storage's stable view; small 1-D tensors are read from the checkpoint file and kept resident in
  * fp32. */
 #include <stdio.h>
@@ -7,7 +7,7 @@
 #include <string.h>
 #include "model.h"
 #include "common/util.h"
-#include "storage/tensor_names.h"
+#include "format/tensor_names.h"
 
 static int dtype_is_matrix(df_dtype dt) {
     return dt == DF_DT_F32 || dt == DF_DT_BF16 || dt == DF_DT_F16 || dt == DF_DT_MXFP4 || dt == DF_DT_I8;

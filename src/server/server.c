@@ -11,7 +11,7 @@
 #include "common/util.h"
 #include "server/prompt_cache.h"
 #include "server/srv_internal.h"
-#include "storage/budget.h"
+#include "residency/budget.h"
 
 /* Slots the default --parallel allows at most: past four streams the shared pass reads little less per
  * generated token, while each slot's state costs memory. */

@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
-#include "storage/fetch_plan.h"
+#include "install/fetch_plan.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -5,8 +5,8 @@
 #include <stdint.h>
 #include <string.h>
 #include "common/util.h"
-#include "storage/fetch_plan.h"
-#include "storage/safetensors.h"
+#include "install/fetch_plan.h"
+#include "format/safetensors.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 

@@ -10,7 +10,7 @@ secs=${FUZZ_SECONDS:-6}
 out=build/fuzz
 mkdir -p "$out"
 common="src/common/util.c src/common/json_file.c src/common/tensor.c"
-storage="src/storage/safetensors.c src/storage/fetch_plan.c src/storage/remote.c src/storage/tensor_names.c"
+storage="src/format/safetensors.c src/install/fetch_plan.c src/install/remote.c src/format/tensor_names.c"
 declare -A SRCS=(
     [safetensors]="$storage $common"
     [config]="src/model/config.c $common"

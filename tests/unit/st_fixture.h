@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "storage/st_write.h"
+#include "format/st_write.h"
 
 typedef struct fx_tensor {
     const char *name;

@@ -13,9 +13,9 @@
 #include "common/prompt.h"
 #include "common/util.h"
 #include "model/config.h"
-#include "storage/dcache.h"
-#include "storage/fetch_plan.h"
-#include "storage/safetensors.h"
+#include "install/dcache.h"
+#include "install/fetch_plan.h"
+#include "format/safetensors.h"
 
 static char tmpdir[64];
 

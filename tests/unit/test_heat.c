@@ -11,7 +11,7 @@
 
 #include "engine_fixture.h"
 #include "st_fixture.h"
-#include "storage/heat.h"
+#include "residency/heat.h"
 #include "test.h"
 
 enum { HL = 3 };

@@ -1,4 +1,4 @@
-/* test_install_job.c — the install job (storage/install_job.h) driven through its API against the test
+/* test_install_job.c — the install job (install/install_job.h) driven through its API against the test
  * server serving tests/fixtures: dry-run plans for the spine, one layer and everything, checked against
  * sums taken from the fixture's own header (read here with jansson, not through the fetch plan); a spine
  * install then a complete one (progress reaching exactly the planned bytes, the shard byte-identical); a
@@ -13,8 +13,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "storage/dcache.h"
-#include "storage/install_job.h"
+#include "install/dcache.h"
+#include "install/install_job.h"
 #include "remote_server.h"
 #include "test.h"
 

@@ -11,8 +11,8 @@
 #include "test.h"
 #include "engine_fixture.h"
 #include "st_fixture.h"
-#include "storage/int8_spine.h"
-#include "storage/store.h"
+#include "format/int8_spine.h"
+#include "residency/store.h"
 
 static uint64_t rng = 0x9E3779B97F4A7C15ull;
 static float frand(void) {

@@ -15,9 +15,9 @@
 #include <unistd.h>
 #include "test.h"
 #include "engine_fixture.h"
-#include "storage/cache.h"
-#include "storage/io.h"
-#include "storage/spine_warm.h"
+#include "residency/cache.h"
+#include "io/io.h"
+#include "residency/spine_warm.h"
 
 #define FILE_BYTES ((70u << 20) + 1234u)
 

@@ -12,9 +12,9 @@
 #include "test.h"
 #include "engine_fixture.h"
 #include "model/model.h"
-#include "storage/expert_index.h"
-#include "storage/readahead.h"
-#include "storage/store.h"
+#include "residency/expert_index.h"
+#include "residency/readahead.h"
+#include "residency/store.h"
 
 /* Delays: expert e of any layer waits (e * 5 + layer) % 7 ms before its read, so arrival follows neither id
  * order nor request order. With hold set, expert 0 of layer 1 is not read until the test lets it go (or 10 s

@@ -5,9 +5,9 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "storage/cache.h"
-#include "storage/policy.h"
-#include "storage/trace.h"
+#include "residency/cache.h"
+#include "residency/policy.h"
+#include "residency/trace.h"
 #include "test.h"
 
 /* One record per access (no record protection), keys 0..n_keys-1 in one layer. */

@@ -15,8 +15,8 @@
 #include <unistd.h>
 
 #include "common/util.h"
-#include "storage/dcache.h"
-#include "storage/remote.h"
+#include "install/dcache.h"
+#include "install/remote.h"
 #include "remote_server.h"
 #include "test.h"
 

@@ -4,9 +4,9 @@
 #include <sys/stat.h>
 #include "test.h"
 #include "st_fixture.h"
-#include "storage/expert_index.h"
-#include "storage/safetensors.h"
-#include "storage/store.h"
+#include "residency/expert_index.h"
+#include "format/safetensors.h"
+#include "residency/store.h"
 
 static char dir[256];
 

@@ -6,9 +6,9 @@
 #include <unistd.h>
 #include "test.h"
 #include "st_fixture.h"
-#include "storage/budget.h"
-#include "storage/expert_index.h"
-#include "storage/store.h"
+#include "residency/budget.h"
+#include "residency/expert_index.h"
+#include "residency/store.h"
 
 #define NE 11         /* experts in the K3 MoE layer: enough for string order 0, 1, 10, 2, ... */
 #define I_ 32

@@ -12,8 +12,8 @@
 #include "test.h"
 #include "engine_fixture.h"
 #include "st_fixture.h"
-#include "storage/expert_index.h"
-#include "storage/store.h"
+#include "residency/expert_index.h"
+#include "residency/store.h"
 
 typedef struct run_cfg {
     const char *label;

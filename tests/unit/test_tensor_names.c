@@ -6,11 +6,11 @@
 #include <sys/stat.h>
 #include "test.h"
 #include "st_fixture.h"
-#include "storage/fetch_plan.h"
-#include "storage/safetensors.h"
-#include "storage/st_write.h"
-#include "storage/store.h"
-#include "storage/tensor_names.h"
+#include "install/fetch_plan.h"
+#include "format/safetensors.h"
+#include "format/st_write.h"
+#include "residency/store.h"
+#include "format/tensor_names.h"
 
 static const char *const family_name[TENSOR_FAMILY_COUNT] = {"Kimi-Linear", "K3"};
 

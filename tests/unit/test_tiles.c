@@ -9,8 +9,8 @@
 #include <unistd.h>
 
 #include "engine_fixture.h"
-#include "storage/safetensors.h"
-#include "storage/st_write.h"
+#include "format/safetensors.h"
+#include "format/st_write.h"
 #include "test.h"
 
 enum { N = 10, LONG = 300 };

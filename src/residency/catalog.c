@@ -12,7 +12,7 @@
 #include <unistd.h>
 
 #include "../common/util.h"
-#include "int8_spine.h"
+#include "format/int8_spine.h"
 
 void store_problem(df_store *st, const char *fmt, ...) {
     if (st->n_problems++ >= STORE_MAX_PROBLEMS) return;

@@ -16,7 +16,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "deltafin.h"
-#include "io.h"
+#include "io/io.h"
 
 typedef struct remote remote;
 

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "../common/util.h"
-#include "remote.h"
+#include "install/remote.h"
 
 /* Experts placed in other folders: checked against the checkpoint's spans, read from file n_shards + folder. */
 static int store_open_place(df_store *st, df_error *err) {

@@ -23,7 +23,7 @@
 #define DF_STORE_READAHEAD_H
 
 #include "cache.h"
-#include "io.h"
+#include "io/io.h"
 
 /* What auto decides from (fractions in [0, 1]). A guess ranks its experts by the router's confidence; per rank,
  * most confident first, the share of its experts the layer used (precision; < 0: not measured yet) and how

@@ -11,7 +11,7 @@
 #include <unistd.h>
 
 #include "../common/util.h"
-#include "dcache.h"
+#include "install/dcache.h"
 
 #define PLACE_MAGIC "deltafin-placement 1"
 #define PLACE_ALIGN 4096u

@@ -15,7 +15,7 @@
 #include <unistd.h>
 
 #include "../common/util.h"
-#include "io.h"
+#include "io/io.h"
 #include "../common/hash.h"
 
 #define DC_CACHE_DIR ".deltafin/cache"

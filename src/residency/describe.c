@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "../common/util.h"
-#include "int8_spine.h"
+#include "format/int8_spine.h"
 
 /* store_describe */
 

@@ -10,7 +10,7 @@
 #include <string.h>
 
 #include "../common/util.h"
-#include "dcache.h"
+#include "install/dcache.h"
 
 #define HEAT_MAGIC "DFHEAT1\n"
 /* What one earlier run's heat is worth at the next save: recent use counts more, old habits fade. */

@@ -8,7 +8,7 @@
 #define DF_STORE_SPINE_H
 
 #include <stdint.h>
-#include "io.h"
+#include "io/io.h"
 
 typedef struct spine_region {
     int file;

@@ -12,7 +12,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "io.h"
+#include "io/io.h"
 #include "store.h"
 
 typedef struct ecache ecache;

@@ -7,8 +7,8 @@
 #include <string.h>
 
 #include "../common/util.h"
-#include "safetensors.h"
-#include "tensor_names.h"
+#include "format/safetensors.h"
+#include "format/tensor_names.h"
 
 static int fplan_name_ok(const char *f) {
     if (!*f || f[0] == '/') return 0;
