@@ -180,12 +180,16 @@ DF_API void df_session_set_rollback_rows(df_session *s, int rows);
 /* Bytes the session holds (states, caches, rollback record, history): for memory budgets. */
 DF_API uint64_t df_session_memory(const df_session *s);
 /* Saves the session's state (token history, KDA recurrent/conv states, MLA caches, last logits) to path,
- * atomically (a temporary file, fsync, rename). The file is tied to the engine's model: its header carries
- * a fingerprint of the model's configuration and shapes, and a checksum. */
+ * atomically (an exclusive temporary file, fsync, rename). The file is tied to what computed it: its header
+ * carries df_engine_fingerprint and a checksum. */
 DF_API int df_session_save(const df_session *s, const char *path, df_error *err);
 /* Replaces the session's state with the one saved at path, after checking all of it (format, version,
  * model fingerprint, sizes, checksum); on any error the session is unchanged. */
 DF_API int df_session_load(df_session *s, const char *path, df_error *err);
+/* What a saved state depends on: the configuration and shapes, the weights' identity (every weights file's
+ * name, size, modification time and header), the spine kind, the kernel ISA and the options that change
+ * the numbers. States saved under another fingerprint are refused. */
+DF_API uint64_t df_engine_fingerprint(const df_engine *eng);
 
 /* Several sessions in one forward pass: each row belongs to a session (a decode token, verify tokens, a
  * prompt slice); every layer's spine is acquired once and every expert of the union read once per pass.

@@ -141,6 +141,54 @@ char *df_read_file_max(const char *path, size_t max, size_t *len, df_error *err)
     return buf;
 }
 
+int df_temp_create(const char *path, char **tmp, df_error *err) {
+    const char *slash = strrchr(path, '/');
+    size_t dl = slash ? (size_t)(slash - path + 1) : 0, n = strlen(path) + 32;
+    *tmp = xmalloc(n);
+    snprintf(*tmp, n, "%.*s.%s.tmp-XXXXXX", (int)dl, path, path + dl);
+    int fd = mkostemp(*tmp, O_CLOEXEC);
+    if (fd < 0) {
+        df_error_set(err, DF_EIO, "%s: cannot create a temp file beside it: %s", path, strerror(errno));
+        free(*tmp);
+        *tmp = NULL;
+    }
+    return fd;
+}
+
+int df_write_all(int fd, const void *p, size_t n) {
+    const uint8_t *b = p;
+    while (n) {
+        ssize_t w = write(fd, b, n);
+        if (w < 0 && errno == EINTR) continue;
+        if (w <= 0) return w < 0 ? errno : ENOSPC;
+        b += w;
+        n -= (size_t)w;
+    }
+    return 0;
+}
+
+int df_temp_commit(int fd, char *tmp, const char *path, int failed, df_error *err) {
+    int e = failed;
+    if (!e && fsync(fd)) e = errno;
+    if (!e && fchmod(fd, 0644)) e = errno;
+    if (close(fd) && !e) e = errno;
+    if (!e && rename(tmp, path)) e = errno;
+    if (e) {
+        unlink(tmp);
+        df_error_set(err, DF_EIO, "%s: %s%s (nothing written)", path,
+                     e == ENOSPC || e == EFBIG || e == EDQUOT ? "disk full: " : "write failed: ", strerror(e));
+    } else {
+        const char *slash = strrchr(path, '/');
+        char *dir = slash ? xstrdup(path) : xstrdup(".");
+        if (slash) dir[slash - path + (slash == path)] = 0;
+        int dfd = open(dir, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+        if (dfd >= 0) fsync(dfd), close(dfd);
+        free(dir);
+    }
+    free(tmp);
+    return e ? DF_EIO : DF_OK;
+}
+
 char *df_path_join(const char *dir, const char *name) {
     size_t a = strlen(dir), b = strlen(name);
     char *p = xmalloc(a + b + 2);

@@ -37,6 +37,16 @@ char *df_read_file_max(const char *path, size_t max, size_t *len, df_error *err)
 struct json_t *df_json_load_file(const char *path, size_t flags, df_error *err);
 /* open(2) that refuses anything but a regular file without blocking on it; -1 with err filled. */
 int df_open_regular(const char *path, int flags, df_error *err);
+/* A new, empty temp file beside path (same folder, so a rename publishes it) under an unpredictable name:
+ * created exclusively (O_CREAT|O_EXCL, so a symlink, FIFO or file planted at any name is never opened),
+ * mode 0600 until committed. Returns the fd and sets *tmp (caller frees); -1 with err naming path. */
+int df_temp_create(const char *path, char **tmp, df_error *err);
+/* Finishes what df_temp_create began: fsync, mode 0644, close, rename onto path, folder fsync. On any
+ * failure (failed: an errno the caller's own writes hit, 0 when none) the temp file is removed and err names
+ * path. Frees tmp and closes fd either way. */
+int df_temp_commit(int fd, char *tmp, const char *path, int failed, df_error *err);
+/* write(2) of all n bytes, retried on EINTR; 0, or an errno (ENOSPC for a short write). */
+int df_write_all(int fd, const void *p, size_t n);
 /* Joins dir and name into a newly allocated path. */
 char *df_path_join(const char *dir, const char *name);
 

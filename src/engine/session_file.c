@@ -10,7 +10,6 @@
  * The checksum is FNV-1a 64 over the header (checksum field zero) and the payload. */
 #include <errno.h>
 #include <fcntl.h>
-#include <libgen.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -41,7 +40,9 @@ static uint64_t fnv1a(uint64_t h, const void *p, size_t n) {
 
 #define FNV_SEED 14695981039346656037ull
 
-/* The model's configuration text and the shapes the state depends on. */
+/* The model's configuration text, the shapes the state depends on, and what computed the numbers: the
+ * weights (and spine kind) the store reads, the kernels' ISA (rounding differs between them), and A_log's
+ * reading. A state from other weights would restore without complaint and answer silently wrong. */
 static uint64_t model_fingerprint(const df_engine *e) {
     const df_config *c = &e->model.cfg;
     const char *text = store_config_text(e->store);
@@ -50,8 +51,13 @@ static uint64_t model_fingerprint(const df_engine *e) {
                        c->rope, (int64_t)state_blob_size(&e->model, 1), e->model.alog_per_channel};
     h = fnv1a(h, shape, sizeof shape);
     for (int i = 0; i < c->n_layers; i++) h = fnv1a(h, &c->mixer[i], sizeof c->mixer[i]);
-    return h;
+    uint64_t weights = store_weights_id(e->store);
+    h = fnv1a(h, &weights, sizeof weights);
+    const char *isa = e->kern.k ? e->kern.k->isa : "";
+    return fnv1a(h, isa, strlen(isa));
 }
+
+uint64_t df_engine_fingerprint(const df_engine *e) { return model_fingerprint(e); }
 
 static uint64_t payload_bytes(const df_engine *e, int64_t pos, int with_logits) {
     return (uint64_t)pos * sizeof(int32_t) + (with_logits ? (uint64_t)e->info.vocab_size * sizeof(float) : 0) +
@@ -61,29 +67,6 @@ static uint64_t payload_bytes(const df_engine *e, int64_t pos, int with_logits) 
 static uint64_t header_checksum(session_header h, const uint8_t *payload) {
     h.checksum = 0;
     return fnv1a(fnv1a(FNV_SEED, &h, sizeof h), payload, h.payload);
-}
-
-static int write_all(int fd, const void *p, size_t n) {
-    const uint8_t *b = p;
-    while (n) {
-        ssize_t w = write(fd, b, n);
-        if (w < 0 && errno == EINTR) continue;
-        if (w <= 0) return -1;
-        b += w;
-        n -= (size_t)w;
-    }
-    return 0;
-}
-
-/* Makes the rename itself durable. */
-static void fsync_parent(const char *path) {
-    char *copy = xstrdup(path);
-    int fd = open(dirname(copy), O_RDONLY | O_DIRECTORY);
-    if (fd >= 0) {
-        fsync(fd);
-        close(fd);
-    }
-    free(copy);
 }
 
 int df_session_save(const df_session *s, const char *path, df_error *err) {
@@ -103,31 +86,13 @@ int df_session_save(const df_session *s, const char *path, df_error *err) {
     state_blob_put(&e->model, s->state, p);
     h.checksum = header_checksum(h, payload);
 
-    size_t tl = strlen(path) + 32;
-    char *tmp = xmalloc(tl);
-    snprintf(tmp, tl, "%s.tmp.%ld", path, (long)getpid());
-    int fd = open(tmp, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-    int rc = DF_OK;
-    if (fd < 0) {
-        df_error_set(err, DF_EIO, "%s: cannot create: %s", tmp, strerror(errno));
-        rc = DF_EIO;
-    } else {
-        int bad = write_all(fd, &h, sizeof h) || write_all(fd, payload, h.payload) || fsync(fd);
-        int saved = errno;
-        if (close(fd)) bad = 1;
-        if (!bad && rename(tmp, path)) {
-            bad = 1;
-            saved = errno;
-        }
-        if (bad) {
-            df_error_set(err, DF_EIO, "%s: cannot write session state: %s", path, strerror(saved));
-            unlink(tmp);
-            rc = DF_EIO;
-        } else {
-            fsync_parent(path);
-        }
+    char *tmp;   /* a name nobody can plant a symlink or FIFO at */
+    int fd = df_temp_create(path, &tmp, err), rc = DF_EIO;
+    if (fd >= 0) {
+        int e1 = df_write_all(fd, &h, sizeof h);
+        if (!e1) e1 = df_write_all(fd, payload, h.payload);
+        rc = df_temp_commit(fd, tmp, path, e1, err);
     }
-    free(tmp);
     free(payload);
     return rc;
 }
@@ -184,11 +149,8 @@ static int header_check(const df_engine *e, const session_header *h, uint64_t fi
 
 int df_session_load(df_session *s, const char *path, df_error *err) {
     const df_engine *e = s->eng;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) {
-        df_error_set(err, DF_EIO, "%s: cannot open: %s", path, strerror(errno));
-        return DF_EIO;
-    }
+    int fd = df_open_regular(path, O_RDONLY, err);   /* a FIFO there would block the caller for good */
+    if (fd < 0) return DF_EIO;
     struct stat st;
     session_header h;
     uint8_t *payload = NULL;

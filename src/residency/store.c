@@ -8,8 +8,10 @@
 #include <stddef.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
+#include "../common/hash.h"
 #include "../common/util.h"
 #include "install/remote.h"
 
@@ -154,6 +156,21 @@ int store_shard_count(const df_store *st) { return st->n_shards; }
 
 const char *store_shard_path(const df_store *st, int shard) {
     return shard >= 0 && shard < st->n_shards ? st->shards[shard].path : NULL;
+}
+
+uint64_t store_weights_id(const df_store *st) {
+    uint64_t h = df_hash64(&st->opts.spine, sizeof st->opts.spine, 0x5748u);
+    for (int i = 0; i < st->n_shards; i++) {
+        const st_file *f = &st->shards[i];
+        const char *slash = strrchr(f->path, '/'), *name = slash ? slash + 1 : f->path;
+        struct stat sb;
+        int64_t id[4] = {(int64_t)f->size, -1, -1, (int64_t)f->header_len};
+        if (!stat(f->path, &sb)) id[1] = (int64_t)sb.st_mtim.tv_sec, id[2] = (int64_t)sb.st_mtim.tv_nsec;
+        h = df_hash64(name, strlen(name) + 1, h);
+        h = df_hash64(id, sizeof id, h);
+        if (f->map && f->header_len) h = df_hash64(f->map + 8, (size_t)f->header_len, h);
+    }
+    return h;
 }
 
 char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err) {

@@ -81,6 +81,10 @@ void store_free(df_store *st);
 const char *store_dir(const df_store *st);
 /* config.json of the checkpoint, as text (owned by the store). */
 const char *store_config_text(const df_store *st);
+/* The identity of the weights the store reads (every shard it opened, the int8 sidecar's too: file name, size,
+ * modification time and a hash of its safetensors header), and the spine kind: cheap to compute, and changed by
+ * any new or rewritten weights file. What a cache of computed states is keyed by. */
+uint64_t store_weights_id(const df_store *st);
 /* A file in the model folder (tokenizer, generation config), read whole; caller frees. NULL if absent
  * (err->code == DF_OK) or unreadable (err->code < 0). */
 char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err);

@@ -1,9 +1,16 @@
 /* prompt_cache.c — prompt states kept on disk (prompt_cache.h). Each entry is two files named by a hash of
  * its tokens and their count: NAME.kv, the session state written (atomically, checksummed) by
- * df_session_save, and NAME.tok, the tokens it holds (magic, count, checksum), written after it by rename,
- * so an entry with a .tok is complete. The tokens of every entry are kept in memory to find the longest
- * cached prefix of a prompt; a restored state is checked against them before it is used. The .kv file's
- * modification time is its last use, so the least recently used entries go first across restarts too. */
+ * df_session_save, and NAME.tok, the tokens it holds (magic, count, checksum, the key of what computed the
+ * state), written after it by rename, so an entry with a .tok is complete. The tokens of every entry are
+ * kept in memory to find the longest cached prefix of a prompt; a restored state is checked against them
+ * before it is used. The .kv file's modification time is its last use, so the least recently used entries
+ * go first across restarts too.
+ *
+ * Everything in the folder is outside input: names are parsed strictly, files are looked at with lstat and
+ * opened only as regular files of a bounded size (a FIFO never blocks), and every field is checked before
+ * any arithmetic on it. Files of the cache's own naming that are no complete entry of this key (a .kv
+ * without its .tok, a damaged or foreign .tok, a writer's leftover temp file) count against the cap and go
+ * first; other files are not the cache's and are left alone. */
 #include "server/prompt_cache.h"
 
 #include <dirent.h>
@@ -18,8 +25,10 @@
 #include <unistd.h>
 #include "common/util.h"
 
-#define PCACHE_MAGIC 0x54504644u   /* "DFPT" */
+#define PCACHE_MAGIC 0x32504644u   /* "DFP2" */
+#define PCACHE_HEAD 28             /* magic u32, count u64, token hash u64, key u64 */
 #define PCACHE_MAX_ENTRIES 1024
+#define PCACHE_MAX_TOKENS ((int64_t)1 << 26)   /* past any context: a bigger count in a name is not an entry */
 
 typedef struct pc_entry {
     uint64_t hash;
@@ -29,10 +38,20 @@ typedef struct pc_entry {
     double used;             /* last use (the .kv's mtime) */
 } pc_entry;
 
+/* A file of the cache's naming that is no entry: counted against the cap, removed first. */
+typedef struct pc_orphan {
+    char *name;
+    uint64_t bytes;
+    double mtime;
+} pc_orphan;
+
 struct prompt_cache {
     pthread_mutex_t mu;      /* the index: the worker changes it, /props reads it */
     char *dir;
-    uint64_t max_bytes, total;
+    uint64_t key;            /* df_engine_fingerprint of the engine whose states are kept */
+    uint64_t max_bytes, total;   /* total: entries and orphans */
+    pc_orphan *orphans;
+    int n_orphans, cap_orphans;
     int min_tokens;
     pc_entry *e;
     int n, cap;
@@ -61,9 +80,10 @@ static void entry_path(const prompt_cache *pc, uint64_t hash, int64_t n, const c
     snprintf(out, cap, "%s/%016llx-%lld.%s", pc->dir, (unsigned long long)hash, (long long)n, ext);
 }
 
+/* Size of a regular file (not through a symlink), 0 when it is anything else or absent. */
 static uint64_t file_size(const char *path, double *mtime) {
     struct stat st;
-    if (stat(path, &st) || !S_ISREG(st.st_mode)) return 0;
+    if (lstat(path, &st) || !S_ISREG(st.st_mode)) return 0;
     if (mtime) *mtime = (double)st.st_mtim.tv_sec + st.st_mtim.tv_nsec * 1e-9;
     return (uint64_t)st.st_size;
 }
@@ -81,22 +101,35 @@ static int mkdirs(const char *dir) {
     return rc;
 }
 
-/* Reads NAME.tok: the tokens, validated (magic, count against the name and the size, checksum). */
-static int32_t *read_tokens(const char *path, int64_t want_n, uint64_t want_hash) {
+/* Reads NAME.tok: the tokens, validated (magic, count against the name and the size, checksum, key); NULL
+ * with *why saying what is wrong. */
+static int32_t *read_tokens(const char *path, int64_t want_n, uint64_t want_hash, uint64_t key, const char **why) {
     df_error e = {0};
     size_t len = 0;
-    char *buf = df_read_file(path, &len, &e);
+    *why = "not a token file of this cache";
+    if (want_n <= 0 || want_n > PCACHE_MAX_TOKENS) return NULL;
+    char *buf = df_read_file_max(path, PCACHE_HEAD + 4 * (size_t)want_n, &len, &e);
+    if (!buf) {
+        *why = e.code == DF_EIO ? "not a regular file or unreadable" : "larger than its name says";
+        return NULL;
+    }
     int32_t *ids = NULL;
     uint32_t magic;
-    uint64_t n, sum;
-    if (buf && len >= 20) {
+    uint64_t n, sum, k;
+    if (len >= PCACHE_HEAD) {
         memcpy(&magic, buf, 4);
         memcpy(&n, buf + 4, 8);
         memcpy(&sum, buf + 12, 8);
-        if (magic == PCACHE_MAGIC && (int64_t)n == want_n && n > 0 && len == 20 + n * 4) {
-            ids = xmalloc(n * 4);
-            memcpy(ids, buf + 20, n * 4);
+        memcpy(&k, buf + 20, 8);
+        /* n is compared with the bounded count of the name before it sizes anything */
+        if (magic != PCACHE_MAGIC) *why = "bad magic (another format or version)";
+        else if (n != (uint64_t)want_n || len != PCACHE_HEAD + 4 * (size_t)want_n) *why = "count or size mismatch";
+        else if (k != key) *why = "saved by other weights, spine or options";
+        else {
+            ids = xmalloc((size_t)n * 4);
+            memcpy(ids, buf + PCACHE_HEAD, (size_t)n * 4);
             if (hash_tokens(ids, (int64_t)n) != sum || sum != want_hash) {
+                *why = "checksum mismatch";
                 free(ids);
                 ids = NULL;
             }
@@ -104,6 +137,53 @@ static int32_t *read_tokens(const char *path, int64_t want_n, uint64_t want_hash
     }
     free(buf);
     return ids;
+}
+
+/* Whether a name is of the cache's own making: HASH-N.kv, HASH-N.tok, or a temp file of either (current
+ * ".NAME.tmp-XXXXXX" and older "NAME.PID.tmp" / "NAME.tmp.PID" spellings). *entry is set for HASH-N.tok. */
+static int pc_own_name(const char *name, unsigned long long *h, long long *n, int *entry) {
+    int used = 0;
+    *entry = 0;
+    const char *s = name[0] == '.' ? name + 1 : name;
+    if (strlen(s) < 20 || s[16] != '-' || s[17] < '0' || s[17] > '9' ||
+        sscanf(s, "%16llx-%lld%n", h, n, &used) != 2 || *n <= 0)
+        return 0;
+    for (int i = 0; i < 16; i++)
+        if (!strchr("0123456789abcdef", s[i])) return 0;
+    const char *ext = s + used;
+    if (name[0] == '.') return (!strncmp(ext, ".tok.tmp-", 9) || !strncmp(ext, ".kv.tmp-", 8));
+    if (!strcmp(ext, ".tok")) return *entry = 1;
+    if (!strcmp(ext, ".kv")) return 1;
+    return !strncmp(ext, ".tok.", 5) || !strncmp(ext, ".kv.tmp.", 8);
+}
+
+static void add_orphan(prompt_cache *pc, const char *name, uint64_t bytes, double mtime) {
+    if (pc->n_orphans == pc->cap_orphans) {
+        pc->cap_orphans = pc->cap_orphans ? 2 * pc->cap_orphans : 16;
+        pc->orphans = xrealloc(pc->orphans, (size_t)pc->cap_orphans * sizeof *pc->orphans);
+    }
+    pc->orphans[pc->n_orphans++] = (pc_orphan){xstrdup(name), bytes, mtime};
+    pc->total += bytes;
+}
+
+static void remove_orphan(prompt_cache *pc, int i) {
+    char *path = df_path_join(pc->dir, pc->orphans[i].name);
+    unlink(path);
+    free(path);
+    pc->total -= DF_MIN(pc->total, pc->orphans[i].bytes);
+    free(pc->orphans[i].name);
+    pc->orphans[i] = pc->orphans[--pc->n_orphans];
+}
+
+/* An orphan of that name is about to be replaced by a new entry's file: uncounted, not deleted. */
+static void forget_orphan(prompt_cache *pc, const char *path) {
+    const char *name = strrchr(path, '/') + 1;
+    for (int i = 0; i < pc->n_orphans; i++)
+        if (!strcmp(pc->orphans[i].name, name)) {
+            pc->total -= DF_MIN(pc->total, pc->orphans[i].bytes);
+            free(pc->orphans[i].name);
+            pc->orphans[i--] = pc->orphans[--pc->n_orphans];
+        }
 }
 
 static void remove_entry(prompt_cache *pc, int i) {
@@ -126,8 +206,14 @@ static void add_entry(prompt_cache *pc, uint64_t hash, int64_t n, int32_t *token
     pc->total += bytes;
 }
 
-/* Least recently used entries go until the cap holds. */
+/* Orphans, then the least recently used entries, go until the cap holds. */
 static void evict(prompt_cache *pc, uint64_t room) {
+    while (pc->n_orphans && pc->total + room > pc->max_bytes) {
+        int old = 0;
+        for (int i = 1; i < pc->n_orphans; i++)
+            if (pc->orphans[i].mtime < pc->orphans[old].mtime) old = i;
+        remove_orphan(pc, old);
+    }
     while (pc->n && (pc->total + room > pc->max_bytes || pc->n >= PCACHE_MAX_ENTRIES)) {
         int old = 0;
         for (int i = 1; i < pc->n; i++)
@@ -136,7 +222,8 @@ static void evict(prompt_cache *pc, uint64_t room) {
     }
 }
 
-int pcache_open(prompt_cache **out, const char *dir, uint64_t max_bytes, int min_tokens, df_error *err) {
+int pcache_open(prompt_cache **out, const char *dir, uint64_t key, uint64_t max_bytes, int min_tokens,
+                df_error *err) {
     *out = NULL;
     if (mkdirs(dir)) {
         df_error_set(err, DF_EIO, "cannot create the prompt cache folder '%s': %s", dir, strerror(errno));
@@ -150,27 +237,71 @@ int pcache_open(prompt_cache **out, const char *dir, uint64_t max_bytes, int min
     prompt_cache *pc = xcalloc(1, sizeof *pc);
     pthread_mutex_init(&pc->mu, NULL);
     pc->dir = xstrdup(dir);
+    pc->key = key;
     pc->max_bytes = max_bytes;
     pc->min_tokens = min_tokens > 1 ? min_tokens : 1;
     struct dirent *de;
+    char **kvs = NULL;   /* .kv files, judged once every .tok is known */
+    int n_kvs = 0;
     while ((de = readdir(d))) {
         unsigned long long h;
         long long n;
-        int used = 0;
-        if (sscanf(de->d_name, "%16llx-%lld.tok%n", &h, &n, &used) != 2 || de->d_name[used] || n <= 0) continue;
-        char kv[4200], tok[4200];
-        entry_path(pc, h, n, "kv", kv, sizeof kv);
-        entry_path(pc, h, n, "tok", tok, sizeof tok);
-        double mtime = 0;
-        uint64_t kv_bytes = file_size(kv, &mtime);
-        int32_t *ids = kv_bytes ? read_tokens(tok, n, h) : NULL;
-        if (!ids) {   /* incomplete or damaged: not an entry */
-            unlink(tok);
+        int is_tok;
+        if (!pc_own_name(de->d_name, &h, &n, &is_tok)) continue;
+        char *path = df_path_join(dir, de->d_name);
+        struct stat sb;
+        if (lstat(path, &sb)) {
+            free(path);
             continue;
         }
-        add_entry(pc, h, n, ids, kv_bytes + file_size(tok, NULL), mtime);
+        if (!S_ISREG(sb.st_mode)) {   /* a FIFO, device, symlink or folder under the cache's names */
+            fprintf(stderr, "deltafin serve: prompt cache: %s dropped: not a regular file\n", path);
+            if (!S_ISDIR(sb.st_mode)) unlink(path);
+            free(path);
+            continue;
+        }
+        double mtime = (double)sb.st_mtim.tv_sec + sb.st_mtim.tv_nsec * 1e-9;
+        if (!is_tok) {
+            size_t l = strlen(de->d_name);
+            if (l > 3 && !strcmp(de->d_name + l - 3, ".kv") && de->d_name[0] != '.') {
+                kvs = xrealloc(kvs, sizeof *kvs * (size_t)(n_kvs + 1));
+                kvs[n_kvs++] = xstrdup(de->d_name);
+            } else {
+                add_orphan(pc, de->d_name, (uint64_t)sb.st_size, mtime);   /* a writer's temp file */
+            }
+            free(path);
+            continue;
+        }
+        char kv[4200];
+        entry_path(pc, h, n, "kv", kv, sizeof kv);
+        double used = 0;
+        uint64_t kv_bytes = file_size(kv, &used);
+        const char *why = "its state file (.kv) is missing";
+        int32_t *ids = kv_bytes ? read_tokens(path, n, h, key, &why) : NULL;
+        if (!ids) {   /* incomplete, damaged or another engine's: not an entry; its .kv becomes an orphan */
+            fprintf(stderr, "deltafin serve: prompt cache: %s dropped: %s\n", path, why);
+            unlink(path);
+        } else {
+            add_entry(pc, h, n, ids, kv_bytes + (uint64_t)sb.st_size, used);
+        }
+        free(path);
     }
     closedir(d);
+    for (int i = 0; i < n_kvs; i++) {   /* a .kv without an entry is an orphan */
+        int owned = 0;
+        for (int j = 0; j < pc->n && !owned; j++) {
+            char name[64];
+            snprintf(name, sizeof name, "%016llx-%lld.kv", (unsigned long long)pc->e[j].hash, (long long)pc->e[j].n);
+            owned = !strcmp(name, kvs[i]);
+        }
+        double mtime = 0;
+        char *path = df_path_join(dir, kvs[i]);
+        uint64_t bytes = file_size(path, &mtime);
+        if (!owned) add_orphan(pc, kvs[i], bytes, mtime);
+        free(path);
+        free(kvs[i]);
+    }
+    free(kvs);
     evict(pc, 0);
     *out = pc;
     return DF_OK;
@@ -179,7 +310,9 @@ int pcache_open(prompt_cache **out, const char *dir, uint64_t max_bytes, int min
 void pcache_free(prompt_cache *pc) {
     if (!pc) return;
     for (int i = 0; i < pc->n; i++) free(pc->e[i].tokens);
+    for (int i = 0; i < pc->n_orphans; i++) free(pc->orphans[i].name);
     free(pc->e);
+    free(pc->orphans);
     free(pc->dir);
     pthread_mutex_destroy(&pc->mu);
     free(pc);
@@ -227,9 +360,11 @@ int pcache_save(prompt_cache *pc, const df_session *sess, const int32_t *ids, in
     for (int i = 0; i < pc->n; i++)
         if (pc->e[i].hash == h && pc->e[i].n == n) goto out;   /* kept already */
     if (pc->off) goto out;
-    char kv[4200], tok[4200], tmp[4300];
+    if (n > PCACHE_MAX_TOKENS) goto out;
+    char kv[4200], tok[4200];
     entry_path(pc, h, n, "kv", kv, sizeof kv);
     entry_path(pc, h, n, "tok", tok, sizeof tok);
+    forget_orphan(pc, kv);
     df_error err = {0};
     int rc = df_session_save(sess, kv, &err);
     if (rc) {
@@ -240,18 +375,20 @@ int pcache_save(prompt_cache *pc, const df_session *sess, const int32_t *ids, in
         fprintf(stderr, "deltafin serve: prompt cache: %s%s\n", err.msg, pc->off ? " (prompt cache off)" : "");
         goto out;
     }
-    snprintf(tmp, sizeof tmp, "%s.%d.tmp", tok, (int)getpid());
-    FILE *f = fopen(tmp, "wb");
+    uint8_t head[PCACHE_HEAD];
     uint32_t magic = PCACHE_MAGIC;
     uint64_t count = (uint64_t)n;
-    int ok = f && fwrite(&magic, 4, 1, f) == 1 && fwrite(&count, 8, 1, f) == 1 && fwrite(&h, 8, 1, f) == 1 &&
-             fwrite(ids, 4, (size_t)n, f) == (size_t)n;
-    if (f) ok &= fflush(f) == 0 && fsync(fileno(f)) == 0;
-    if (f) ok &= fclose(f) == 0;
-    if (!ok || rename(tmp, tok)) {
-        unlink(tmp);
+    memcpy(head, &magic, 4);
+    memcpy(head + 4, &count, 8);
+    memcpy(head + 12, &h, 8);
+    memcpy(head + 20, &pc->key, 8);
+    char *tmp;   /* exclusive, unpredictable: a symlink planted in the folder is never written through */
+    int fd = df_temp_create(tok, &tmp, &err);
+    int e1 = fd < 0 ? EIO : df_write_all(fd, head, sizeof head);
+    if (fd >= 0 && !e1) e1 = df_write_all(fd, ids, (size_t)n * sizeof(int32_t));
+    if (fd < 0 || df_temp_commit(fd, tmp, tok, e1, &err)) {
         unlink(kv);
-        fprintf(stderr, "deltafin serve: prompt cache: cannot write '%s'\n", tok);
+        fprintf(stderr, "deltafin serve: prompt cache: cannot write '%s': %s\n", tok, err.msg);
         goto out;
     }
     uint64_t bytes = file_size(kv, NULL) + file_size(tok, NULL);
@@ -276,7 +413,7 @@ int pcache_active(prompt_cache *pc) {
 void pcache_usage(prompt_cache *pc, int *entries, uint64_t *bytes, int *enabled, const char **why) {
     pthread_mutex_lock(&pc->mu);
     *entries = pc->n;
-    *bytes = pc->total;
+    *bytes = pc->total;   /* orphans included: what the folder holds against the cap */
     *enabled = !pc->off;
     *why = pc->off ? pc->why : NULL;
     pthread_mutex_unlock(&pc->mu);

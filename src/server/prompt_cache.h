@@ -10,8 +10,13 @@
 
 typedef struct prompt_cache prompt_cache;
 
-/* Opens (creating) dir. max_bytes caps the files' total size; prompts shorter than min_tokens are not kept. */
-int pcache_open(prompt_cache **out, const char *dir, uint64_t max_bytes, int min_tokens, df_error *err);
+/* Opens (creating) dir for the states of one engine: key is its df_engine_fingerprint, recorded in every
+ * entry; an entry of another key (other weights, spine or options), a damaged one, or anything but a
+ * regular file under the cache's names is dropped with one message on stderr. max_bytes caps the total size
+ * of the cache's files (entries, and files of its naming that are no entry); prompts shorter than
+ * min_tokens are not kept. */
+int pcache_open(prompt_cache **out, const char *dir, uint64_t key, uint64_t max_bytes, int min_tokens,
+                df_error *err);
 void pcache_free(prompt_cache *pc);
 /* Restores into sess the longest cached prefix of ids[0..n) longer than `have` tokens; returns its length,
  * or `have` (sess untouched) when there is none or it fails to load. */

@@ -155,7 +155,8 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
         if (o->prompt_cache_dir) snprintf(dir, sizeof dir, "%s", o->prompt_cache_dir);
         else snprintf(dir, sizeof dir, "%s/.deltafin/kv", o->model_dir);
         df_error pe = {0};
-        if (pcache_open(&s->pcache, dir, o->prompt_cache_max, o->prompt_cache_min, &pe))
+        if (pcache_open(&s->pcache, dir, df_engine_fingerprint(s->eng), o->prompt_cache_max, o->prompt_cache_min,
+                        &pe))
             fprintf(stderr, "deltafin serve: prompt cache off: %s\n", pe.msg);
         else rc = df_session_init(&s->snap, s->eng, err);
     }

@@ -2,6 +2,7 @@
  * bit-identical logits (every fixture: KDA, MLA, K3 block residuals) and holds the same tokens; damaged,
  * truncated, foreign and other-model files are refused with a clear message and leave the session as it
  * was; the write is atomic (no temporary file left, an existing file replaced whole). */
+#include <dirent.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -25,6 +26,20 @@ static void make_ids(int32_t *ids, int n, int V) {
 static long file_size(const char *path) {
     struct stat sb;
     return stat(path, &sb) ? -1 : (long)sb.st_size;
+}
+
+/* Files beside path named after it (temp files: ".NAME.tmp-XXXXXX"), path itself and planted links aside. */
+static int leftovers(const char *path) {
+    const char *slash = strrchr(path, '/');
+    char dir[512], base[256];
+    snprintf(dir, sizeof dir, "%.*s", (int)(slash - path), path);
+    snprintf(base, sizeof base, ".%s.tmp", slash + 1);
+    DIR *d = opendir(dir);
+    int n = 0;
+    struct dirent *de;
+    while (d && (de = readdir(d))) n += !strncmp(de->d_name, base, strlen(base));
+    if (d) closedir(d);
+    return n;
 }
 
 /* Rewrites path with byte `at` flipped (at >= 0) or cut to `keep` bytes (keep >= 0). */
@@ -94,10 +109,17 @@ static void refusals(const char *path, const char *other_model) {
     df_session_init(&s, eng, &err);
     df_session_init(&probe, eng, &err);
     df_session_eval(s, ids, 11, NULL, 0, &err);
-    int rc = df_session_save(s, path, &err);
-    char tmpname[600];
+    char tmpname[600], victim[600];   /* a symlink where a predictable temp name would be */
     snprintf(tmpname, sizeof tmpname, "%s.tmp.%d", path, (int)getpid());
-    CHECK(!rc && file_size(path) > 0 && file_size(tmpname) < 0, "saved atomically, no temporary file left");
+    snprintf(victim, sizeof victim, "%s.victim", path);
+    FILE *vf = fopen(victim, "wb");
+    if (vf) fputs("precious", vf), fclose(vf);
+    int linked = !symlink(victim, tmpname);
+    int rc = df_session_save(s, path, &err);
+    CHECK(!rc && linked && file_size(path) > 0 && file_size(victim) == 8 && leftovers(path) == 0,
+          "saved atomically through an exclusive temp file: no temporary file left, a planted symlink not followed");
+    unlink(tmpname);
+    unlink(victim);
     df_session_eval(probe, ids, 6, NULL, 0, &err);          /* the session the bad loads must not change */
     float *want = xmalloc((size_t)V * sizeof(float)), *got = xmalloc((size_t)V * sizeof(float));
     {
