@@ -93,6 +93,13 @@ int df_open_regular(const char *path, int flags, df_error *err) {
     return fd;
 }
 
+static void util_too_large(const char *path, size_t max, df_error *err) {
+    if (max >= (1 << 20))
+        df_error_set(err, DF_EFORMAT, "%s: larger than %zu MiB, too large for this kind of file", path, max >> 20);
+    else
+        df_error_set(err, DF_EFORMAT, "%s: larger than %zu bytes, too large for this kind of file", path, max);
+}
+
 static char *util_read_fd(int fd, const char *path, size_t max, size_t *len, df_error *err) {
     size_t cap = 1 << 16, n = 0;
     char *buf = xmalloc(cap);
@@ -113,7 +120,7 @@ static char *util_read_fd(int fd, const char *path, size_t max, size_t *len, df_
         n += (size_t)got;
     }
     if (n > max) {
-        df_error_set(err, DF_EFORMAT, "%s: larger than %zu MiB, too large for this kind of file", path, max >> 20);
+        util_too_large(path, max, err);
         free(buf);
         return NULL;
     }
@@ -136,6 +143,12 @@ char *df_read_file(const char *path, size_t *len, df_error *err) {
 char *df_read_file_max(const char *path, size_t max, size_t *len, df_error *err) {
     int fd = df_open_regular(path, O_RDONLY, err);
     if (fd < 0) return NULL;
+    struct stat sb;   /* refused before a byte is read or a buffer sized by it */
+    if (!fstat(fd, &sb) && (uint64_t)sb.st_size > max) {
+        close(fd);
+        util_too_large(path, max, err);
+        return NULL;
+    }
     char *buf = util_read_fd(fd, path, max, len, err);
     close(fd);
     return buf;

@@ -8,6 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "../common/util.h"
 #include "install/dcache.h"
@@ -84,14 +85,14 @@ heat *heat_load(const char *dir, int n_layers, const int *n_experts, char *note,
     h->now = xcalloc(n, sizeof *h->now);
     if (note_cap) note[0] = 0;
     char *path = df_path_join(dir, HEAT_FILE);
-    FILE *f = fopen(path, "rb");
-    if (f) {
-        size_t cap = 16 + 4 * (size_t)n_layers + 4 * n + 8, len;
-        uint8_t *b = xmalloc(cap + 1);
-        len = fread(b, 1, cap + 1, f);
-        if (ferror(f)) snprintf(note, note_cap, "%s: ignored (read error: %s)", path, strerror(errno));
+    if (access(path, F_OK) == 0) {   /* only a regular file of the expected size is read: a FIFO never blocks */
+        size_t cap = 16 + 4 * (size_t)n_layers + 4 * n + 8, len = 0;
+        df_error e = {0};
+        uint8_t *b = (uint8_t *)df_read_file_max(path, cap, &len, &e);
+        size_t pl = strlen(path);
+        const char *why = strncmp(e.msg, path, pl) || strncmp(e.msg + pl, ": ", 2) ? e.msg : e.msg + pl + 2;
+        if (!b) snprintf(note, note_cap, "%s: ignored (%s); heat starts afresh", path, why);
         else heat_parse(h, b, len, path, note, note_cap);
-        fclose(f);
         free(b);
     }
     free(path);

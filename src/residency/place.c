@@ -71,8 +71,10 @@ static int place_parse(placement *p, char *text, size_t len, size_t *valid_len, 
             p->last_done = a;
             *valid_len = (size_t)(end + 1 - text);
         } else {
+            *end = '\n';
             break;   /* damaged from here on: what follows the last "done" is not trusted */
         }
+        *end = '\n';   /* the text is written back on a resume: it must stay as it was read */
         line = end + 1;
     }
     if (!*valid_len) *valid_len = (size_t)(line - text);
@@ -104,7 +106,7 @@ int placement_load(placement *p, const char *dir, int n_layers, const int *n_exp
                             "%s first)", override, dir, dir, override), DF_EINVAL;
     }
     size_t len = 0;
-    char *text = df_read_file(path, &len, err), *ov = NULL;
+    char *text = df_read_file_max(path, DF_JSON_FILE_MAX, &len, err), *ov = NULL;
     size_t valid;
     int rc = text ? place_parse(p, text, len, &valid, path, err) : err->code;
     free(text);
@@ -123,17 +125,31 @@ int placement_load(placement *p, const char *dir, int n_layers, const int *n_exp
                                          "has %d", override, f, path, p->n_folders);
         free(ov);
     }
+    struct stat *seen = xcalloc((size_t)p->n_folders + 1, sizeof *seen);
     for (int f = 0; !rc && f < p->n_folders; f++) {
         struct stat sb;
+        int same = -1;
+        if (!stat(p->files[f], &sb))
+            for (int g = 0; g < f && same < 0; g++)
+                if (seen[g].st_dev == sb.st_dev && seen[g].st_ino == sb.st_ino) same = g;
+        if (!stat(p->files[f], &sb)) seen[f] = sb;
         if (stat(p->files[f], &sb))
             rc = DF_EIO, df_error_set(err, DF_EIO, "expert folder %s is missing or unreadable (%s: %s); the placement "
                                       "%s puts experts there: mount the device or pass --expert-dirs", p->folders[f],
                                       p->files[f], strerror(errno), path);
+        else if (!S_ISREG(sb.st_mode))
+            rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "expert folder %s: %s is not a regular file", p->folders[f],
+                                          p->files[f]);
+        else if (same >= 0)   /* each folder's offsets index its own file: one file for two gives wrong experts */
+            rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folders %s and %s are the same folder (%s); the "
+                                         "placement %s needs %d different ones", p->folders[same], p->folders[f],
+                                         p->files[f], path, p->n_folders);
         else if ((uint64_t)sb.st_size < p->ends[f])
             rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "expert folder %s: %s holds %lld bytes, the placement %s "
                                           "needs %llu (an interrupted copy? run deltafin place again)", p->folders[f],
                                           p->files[f], (long long)sb.st_size, path, (unsigned long long)p->ends[f]);
     }
+    free(seen);
     free(path);
     if (rc) {
         placement_free(p);
@@ -165,7 +181,7 @@ static int place_copy(int in, uint64_t off, uint64_t len, int out, uint64_t to, 
 }
 
 static int place_append(const char *path, const char *text, df_error *err) {
-    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC);
+    int fd = open(path, O_WRONLY | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK);
     size_t n = strlen(text);
     int e = fd < 0 ? errno : 0;
     if (!e && write(fd, text, n) != (ssize_t)n) e = errno ? errno : ENOSPC;
@@ -173,6 +189,53 @@ static int place_append(const char *path, const char *text, df_error *err) {
     if (fd >= 0) close(fd);
     if (e) df_error_set(err, DF_EIO, "%s: %s", path, strerror(e));
     return e ? DF_EIO : DF_OK;
+}
+
+/* The source shard (a path of src) that is the file sb describes, or NULL. */
+static const char *place_same_source(const struct stat *sb, int n_layers, const int *n_experts,
+                                     const place_src *const *src) {
+    const char *last = NULL;
+    for (int l = 0; l < n_layers; l++)
+        for (int e = 0; e < n_experts[l]; e++) {
+            const char *path = src[l][e].path;
+            struct stat ss;
+            if (!path || (last && !strcmp(last, path))) continue;
+            last = path;
+            if (!stat(path, &ss) && ss.st_dev == sb->st_dev && ss.st_ino == sb->st_ino) return path;
+        }
+    return NULL;
+}
+
+/* Before anything is written: every folder exists and is its own (two names of one folder, as the same path
+ * twice, ./A, a symlink or a bind mount, would put two folders' experts into one file), and no data file is
+ * a link, a FIFO or one of the shards it copies from. */
+static int place_check_folders(int n_folders, const char *const *folders, int n_layers, const int *n_experts,
+                               const place_src *const *src, df_error *err) {
+    struct stat *dirs = xcalloc((size_t)n_folders + 1, sizeof *dirs);
+    int rc = DF_OK;
+    for (int f = 0; !rc && f < n_folders; f++) {
+        rc = dc_mkdir_p(folders[f], err);
+        if (!rc && stat(folders[f], &dirs[f]))
+            rc = DF_EIO, df_error_set(err, DF_EIO, "expert folder %s: %s", folders[f], strerror(errno));
+        for (int g = 0; !rc && g < f; g++)
+            if (dirs[g].st_dev == dirs[f].st_dev && dirs[g].st_ino == dirs[f].st_ino)
+                rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folders %s and %s are the same folder: each "
+                                             "needs its own device or folder", folders[g], folders[f]);
+        char *data = rc ? NULL : df_path_join(folders[f], PLACE_DATA);
+        struct stat sb;
+        const char *shard = NULL;
+        if (data && !lstat(data, &sb)) {
+            if (!S_ISREG(sb.st_mode))
+                rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folder %s: %s is not a regular file (a link?)",
+                                             folders[f], data);
+            else if ((shard = place_same_source(&sb, n_layers, n_experts, src)))
+                rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folder %s: %s is the shard %s itself; copying "
+                                             "into it would overwrite the experts it copies", folders[f], data, shard);
+        }
+        free(data);
+    }
+    free(dirs);
+    return rc;
 }
 
 typedef struct place_order {
@@ -191,10 +254,12 @@ int placement_write(const char *dir, int n_folders, const char *const *folders, 
     *placed = 0;
     char *meta = df_path_join(dir, ".deltafin"), *path = df_path_join(dir, PLACE_FILE);
     int rc = dc_mkdir_p(meta, err);
+    if (!rc) rc = place_check_folders(n_folders, folders, n_layers, n_experts, src, err);
     placement p;
     place_shape(&p, n_layers, n_experts);
     size_t len = 0, valid = 0;
-    char *text = !rc && !access(path, F_OK) ? df_read_file(path, &len, err) : NULL;
+    char *text = !rc && !access(path, F_OK) ? df_read_file_max(path, DF_JSON_FILE_MAX, &len, err) : NULL;
+    if (!rc && !text && !access(path, F_OK)) rc = err->code;
     if (text) {   /* resume: the same folders, the valid part kept */
         rc = place_parse(&p, text, len, &valid, path, err);
         for (int f = 0; !rc && f < DF_MAX(n_folders, p.n_folders); f++)
@@ -223,7 +288,21 @@ int placement_write(const char *dir, int n_folders, const char *const *folders, 
     for (int f = 0; !rc && f < n_folders; f++) {
         rc = dc_mkdir_p(folders[f], err);
         if (rc) break;
-        fd[f] = open(p.files[f], O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+        /* the data file itself: never through a symlink, never a FIFO, never one of the shards it copies from */
+        fd[f] = open(p.files[f], O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+        struct stat sb;
+        if (fd[f] >= 0 && (fstat(fd[f], &sb) || !S_ISREG(sb.st_mode))) {
+            rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folder %s: %s is not a regular file", folders[f],
+                                         p.files[f]);
+            break;
+        }
+        const char *shard = fd[f] >= 0 ? place_same_source(&sb, n_layers, n_experts, src) : NULL;
+        if (shard) {
+            rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "expert folder %s: %s is the shard %s itself (a link?); "
+                                         "copying into it would overwrite the experts it copies", folders[f],
+                                         p.files[f], shard);
+            break;
+        }
         if (fd[f] < 0 || ftruncate(fd[f], (off_t)p.ends[f]))
             rc = DF_EIO, df_error_set(err, DF_EIO, "expert folder %s: %s: %s", folders[f], p.files[f], strerror(errno));
     }

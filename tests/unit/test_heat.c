@@ -99,6 +99,14 @@ static void write_bytes(const char *path, const void *b, size_t n) {
     fclose(f);
 }
 
+static int truncate_new(const char *path, off_t size) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    int rc = ftruncate(fileno(f), size);
+    fclose(f);
+    return rc;
+}
+
 static void test_corrupt(void) {
     char *path = heat_path(), note[512];
     size_t len = 0;
@@ -124,6 +132,25 @@ static void test_corrupt(void) {
               "corrupt file ignored with a note: %s", note);
         heat_free(h);
     }
+    /* not a file of the expected size: a FIFO (nobody writes: a plain read would block for good), a folder,
+     * a device, and a file far larger than the shape allows */
+    alarm(30);
+    for (int k = 0; k < 4; k++) {
+        unlink(path);
+        rmdir(path);
+        int made = k == 0 ? !mkfifo(path, 0644) : k == 1 ? !mkdir(path, 0755) : k == 2 ? !symlink("/dev/zero", path)
+                                                                                     : !truncate_new(path, 1 << 30);
+        heat *h = heat_load(tmp, HL, hne, note, sizeof note);
+        int l[12], e[12];
+        float w[12];
+        CHECK(made && strstr(note, "ignored") && strstr(note, path) && heat_top(h, 12, l, e, w) == 0,
+              "a %s as the heat file is ignored at once: %s", (const char *[]){"FIFO", "folder", "device",
+              "1 GiB file"}[k], note);
+        heat_free(h);
+    }
+    alarm(0);
+    rmdir(path);
+    unlink(path);
     write_bytes(path, good, len);
     int other[HL] = {0, 5, 8};
     heat *h = heat_load(tmp, HL, other, note, sizeof note);
