@@ -76,6 +76,20 @@ static double cfg_num(cfg_reader *r, const char *const *keys, double dflt) {
     return dflt;
 }
 
+/* A real key that must be finite and inside [lo, hi] (lo excluded when lo_open): values past any released
+ * model's range make the numbers meaningless (NaN logits, a NUL-byte answer), so they are refused at open,
+ * naming the key, before a float cast can turn them into infinities. */
+static double cfg_real_in(cfg_reader *r, const char *const *keys, double dflt, double lo, int lo_open, double hi) {
+    json_t *v = cfg_find(r, keys);
+    double x = cfg_num(r, keys, dflt);
+    if (!v || r->failed) return x;
+    if (isfinite(x) && (lo_open ? x > lo : x >= lo) && x <= hi) return x;
+    df_error_set(r->err, DF_EFORMAT, "%s: key \"%s\" = %g is outside %c%g, %g] (no released model is there; the "
+                 "forward pass would give meaningless numbers)", r->path, keys[0], x, lo_open ? '(' : '[', lo, hi);
+    r->failed = 1;
+    return dflt;
+}
+
 #define KEYS(...) ((const char *const[]){__VA_ARGS__, NULL})
 
 /* Marks layers listed (1-based) in linear_attn_config[key] as kind. */
@@ -106,8 +120,8 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
     c->vocab = cfg_int(r, KEYS("vocab_size"), 0, 1);
     c->d = cfg_int(r, KEYS("hidden_size"), 0, 1);
     c->n_layers = cfg_int(r, KEYS("num_hidden_layers"), 0, 1);
-    c->eps = (float)cfg_num(r, KEYS("rms_norm_eps"), 1e-5);
-    c->max_ctx = cfg_int_in(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0, INT64_MIN, INT64_MAX);
+    c->eps = (float)cfg_real_in(r, KEYS("rms_norm_eps"), 1e-5, 0.0, 1, 0.1);
+    c->max_ctx = cfg_int_in(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0, 1, INT64_MAX);
     c->bos_id = cfg_int(r, KEYS("bos_token_id"), -1, 0);
     c->eos_id = cfg_int(r, KEYS("eos_token_id"), -1, 0);
     c->dense_inter = cfg_int(r, KEYS("intermediate_size"), 0, 1);
@@ -120,8 +134,13 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
         df_error_set(r->err, DF_EUNSUPPORTED, "%s: hidden_act \"%s\" is not supported (silu or situ)", r->path, a);
         return -1;
     }
-    c->situ_beta = (float)cfg_num(r, KEYS("activation_situ_beta"), 4.0);
-    c->situ_lin_beta = (float)cfg_num(r, KEYS("activation_situ_linear_beta"), 0.0);
+    c->situ_beta = (float)cfg_real_in(r, KEYS("activation_situ_beta"), 4.0, 1e-3, 0, 1e4);
+    c->situ_lin_beta = (float)cfg_real_in(r, KEYS("activation_situ_linear_beta"), 0.0, -1e4, 0, 1e4);
+    if (c->situ_lin_beta > 0 && c->situ_lin_beta < 1e-3f && !r->failed) {
+        df_error_set(r->err, DF_EFORMAT, "%s: key \"activation_situ_linear_beta\" = %g: 0 (off) or at least 0.001",
+                     r->path, (double)c->situ_lin_beta);
+        r->failed = 1;
+    }
 
     c->n_experts = cfg_int(r, KEYS("num_experts", "num_local_experts", "n_routed_experts"), 0, 0);
     c->topk = cfg_int(r, KEYS("num_experts_per_token", "num_experts_per_tok"), 0, 0);
@@ -132,7 +151,7 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
     json_t *ug = json_object_get(r->root, "use_grouped_topk");
     if (ug && json_is_false(ug)) c->n_group = c->topk_group = 1;
     c->renorm = cfg_int(r, KEYS("moe_renormalize", "norm_topk_prob"), 1, 0);
-    c->routed_scale = (float)cfg_num(r, KEYS("routed_scaling_factor"), 1.0);
+    c->routed_scale = (float)cfg_real_in(r, KEYS("routed_scaling_factor"), 1.0, 0.0, 1, 100.0);
     c->first_dense = cfg_int(r, KEYS("first_k_dense_replace"), 0, 0);
     c->moe_freq = cfg_int(r, KEYS("moe_layer_freq"), 1, 0);
     c->latent_dim = cfg_int(r, KEYS("routed_expert_hidden_size"), 0, 0);
@@ -167,9 +186,9 @@ static int cfg_read_linear_attn(cfg_reader *r, df_config *c) {
     c->conv_w = cfg_int(&sub, KEYS("short_conv_kernel_size"), 4, 0);
     c->full_rank_gate = cfg_int(&sub, KEYS("use_full_rank_gate"), 0, 0);
     json_t *lb = json_object_get(lac, "gate_lower_bound");
-    if (lb && json_is_number(lb)) {
+    if (lb && !json_is_null(lb)) {   /* the log-decay's floor: negative, or the state grows without bound */
         c->has_lower_bound = 1;
-        c->lower_bound = (float)json_number_value(lb);
+        c->lower_bound = (float)cfg_real_in(&sub, KEYS("gate_lower_bound"), -5.0, -1e3, 0, -1e-6);
     }
     if (sub.failed) return -1;
     if (c->n_layers <= 0 || c->n_layers > CONFIG_MAX_LAYERS) {   /* before sizing anything by it */
@@ -206,20 +225,42 @@ static double cfg_size_bound(const df_config *c) {
 }
 
 static int cfg_check(cfg_reader *r, df_config *c) {
-    const char *bad = NULL;
-    if (c->vocab <= 0 || c->d <= 0 || c->n_layers <= 0) bad = "vocab_size, hidden_size, num_hidden_layers";
-    else if (c->kda_heads <= 0 || c->kda_dim <= 0 || c->conv_w < 1) bad = "linear_attn_config num_heads/head_dim";
-    else if (c->mla_heads <= 0 || c->kv_lora <= 0 || c->nope <= 0 || c->vdim <= 0 || c->rope < 0)
-        bad = "MLA head sizes";
-    else if (c->moe_freq < 1) bad = "moe_layer_freq";
-    if (bad) {
-        df_error_set(r->err, DF_EFORMAT, "%s: invalid %s", r->path, bad);
-        return -1;
-    }
+    /* every size the forward pass divides by, loops over or allocates by, with the least it may be */
+    const struct {
+        int64_t v, lo, hi;
+        const char *key;
+    } sizes[] = {{c->vocab, 1, INT32_MAX, "vocab_size"}, {c->d, 1, INT32_MAX, "hidden_size"},
+                 {c->n_layers, 1, CONFIG_MAX_LAYERS, "num_hidden_layers"},
+                 {c->kda_heads, 1, INT32_MAX, "linear_attn_config.num_heads"},
+                 {c->kda_dim, 1, INT32_MAX, "linear_attn_config.head_dim"},
+                 {c->conv_w, 1, 1024, "linear_attn_config.short_conv_kernel_size"},
+                 {c->mla_heads, 1, INT32_MAX, "num_attention_heads"}, {c->kv_lora, 1, INT32_MAX, "kv_lora_rank"},
+                 {c->nope, 1, INT32_MAX, "qk_nope_head_dim"}, {c->rope, 0, INT32_MAX, "qk_rope_head_dim"},
+                 {c->vdim, 1, INT32_MAX, "v_head_dim"}, {c->q_lora, 0, INT32_MAX, "q_lora_rank"},
+                 {c->moe_freq, 1, INT32_MAX, "moe_layer_freq"}, {c->first_dense, 0, INT32_MAX, "first_k_dense_replace"},
+                 {c->n_shared, 0, 1024, "num_shared_experts"}, {c->latent_dim, 0, INT32_MAX, "routed_expert_hidden_size"},
+                 {c->n_experts, 0, INT32_MAX, "num_experts"}, {c->topk, 0, INT32_MAX, "num_experts_per_token"},
+                 {c->moe_inter, 0, INT32_MAX, "moe_intermediate_size"},
+                 {c->dense_inter, 0, INT32_MAX, "intermediate_size"},
+                 {c->bos_id, INT32_MIN, (int64_t)c->vocab - 1, "bos_token_id"},
+                 {c->eos_id, INT32_MIN, (int64_t)c->vocab - 1, "eos_token_id"}};
+    for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
+        if (sizes[i].v < sizes[i].lo || sizes[i].v > sizes[i].hi) {
+            df_error_set(r->err, DF_EFORMAT, "%s: invalid %s %lld (must be %lld..%lld)", r->path, sizes[i].key,
+                         (long long)sizes[i].v, (long long)sizes[i].lo, (long long)sizes[i].hi);
+            return -1;
+        }
     int any_moe = 0;
     for (int i = 0; i < c->n_layers; i++) {
         c->ffn[i] = (i >= c->first_dense && i % c->moe_freq == 0) ? FFN_MOE : FFN_DENSE;
         any_moe |= c->ffn[i] == FFN_MOE;
+    }
+    int any_dense = 0;
+    for (int i = 0; i < c->n_layers; i++) any_dense |= c->ffn[i] == FFN_DENSE;
+    if (any_dense && c->dense_inter <= 0) {
+        df_error_set(r->err, DF_EFORMAT, "%s: invalid intermediate_size %d for the dense layers", r->path,
+                     c->dense_inter);
+        return -1;
     }
     if (any_moe && (c->n_experts <= 0 || c->topk <= 0 || c->topk > c->n_experts || c->moe_inter <= 0)) {
         df_error_set(r->err, DF_EFORMAT, "%s: invalid MoE sizes (num_experts %d, num_experts_per_token %d, "
