@@ -4,12 +4,15 @@
 #include "int8_spine.h"
 
 #include <jansson.h>
+#include <errno.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include "../common/hash.h"
 #include "../common/util.h"
 #include "st_write.h"
 #include "tensor_names.h"
@@ -17,6 +20,7 @@
 #define INT8_MIN_DIM 64
 #define INT8_DEFAULT_SHARD (4ull << 30)
 #define INT8_HEADER_ALIGN 64
+#define INT8_DIGEST_SEED 0x494e5438u
 
 int int8_spine_eligible(const char *name, df_dtype dt, int ndim, const int64_t *shape) {
     if (ndim != 2 || shape[0] < INT8_MIN_DIM || shape[1] < INT8_MIN_DIM || shape[1] % 2) return 0;
@@ -51,6 +55,72 @@ uint16_t int8_quantize_row(const float *w, int64_t n, int8_t *q) {
 void int8_spine_place(df_tensor *v, const uint8_t *span) {
     v->scale = span;
     v->data = span + 2 * v->shape[0];
+}
+
+/* ---------------------------------------------------------------------------------------------------- */
+/* The source record: what the sidecar was computed from */
+
+/* One source tensor's identity: name, dtype, shape, length, and its first, middle and last rows (up to 4 KiB
+ * each): cheap to compute at every open, and changed by new weights even under the same names and shapes. */
+static uint64_t int8_source_id(const st_tensor *t, uint64_t h) {
+    h = df_hash64(t->name, strlen(t->name) + 1, h);
+    h = df_hash64(t->dtype_name, strlen(t->dtype_name) + 1, h);
+    int64_t dims[ST_MAX_DIMS + 2] = {t->ndim, (int64_t)(t->end - t->begin)};
+    for (int i = 0; i < t->ndim; i++) dims[2 + i] = t->shape[i];
+    h = df_hash64(dims, sizeof dims, h);
+    if (!t->data || t->ndim != 2 || t->shape[0] <= 0) return h;
+    uint64_t row = (t->end - t->begin) / (uint64_t)t->shape[0], take = DF_MIN(row, 4096);
+    const int64_t rows[3] = {0, t->shape[0] / 2, t->shape[0] - 1};
+    for (int i = 0; i < 3; i++) h = df_hash64(t->data + (uint64_t)rows[i] * row, (size_t)take, h);
+    return h;
+}
+
+/* The digest of an ordered list of source tensors, as 16 hex digits. */
+static void int8_digest_hex(uint64_t h, char out[17]) { snprintf(out, 17, "%016llx", (unsigned long long)h); }
+
+static int int8_cmp_begin(const void *a, const void *b) {
+    const st_tensor *x = *(const st_tensor *const *)a, *y = *(const st_tensor *const *)b;
+    return x->begin < y->begin ? -1 : x->begin > y->begin;
+}
+
+int int8_spine_check(const st_file *side, const st_file *src, int n_src, df_error *err) {
+    const char *stale = "(rerun `deltafin quantize --spine int8` to rebuild it)";
+    if (!side->map || side->header_len < 2)
+        return df_error_set(err, DF_EFORMAT, "%s: int8 spine sidecar not mapped", side->path), DF_EFORMAT;
+    json_error_t je;
+    json_t *root = json_loadb((const char *)side->map + 8, (size_t)side->header_len, 0, &je);
+    const char *want = json_string_value(json_object_get(json_object_get(root, "__metadata__"), "source_digest"));
+    int rc = DF_OK;
+    if (!want) {
+        rc = (df_error_set(err, DF_EFORMAT, "%s: the int8 spine sidecar records no source_digest (written by an older "
+                          "deltafin): it cannot be checked against the checkpoint %s", side->path, stale), DF_EFORMAT);
+        json_decref(root);
+        return rc;
+    }
+    const st_tensor **q = xmalloc(sizeof *q * (size_t)(side->n_tensors + 1));
+    int n = 0;
+    for (int i = 0; i < side->n_tensors; i++)
+        if (side->tensors[i].dtype == DF_DT_I8) q[n++] = &side->tensors[i];
+    qsort(q, (size_t)n, sizeof *q, int8_cmp_begin);
+    uint64_t h = INT8_DIGEST_SEED;
+    for (int i = 0; i < n && !rc; i++) {
+        const st_tensor *t = NULL;
+        for (int f = 0; f < n_src && !t; f++) t = st_file_find(&src[f], q[i]->name);
+        if (!t)
+            rc = (df_error_set(err, DF_EFORMAT, "%s: the int8 spine sidecar holds '%s', which the checkpoint no longer "
+                              "has: it was made from other weights %s", side->path, q[i]->name, stale), DF_EFORMAT);
+        else
+            h = int8_source_id(t, h);
+    }
+    char got[17];
+    int8_digest_hex(h, got);
+    if (!rc && strcmp(got, want))
+        rc = (df_error_set(err, DF_EFORMAT, "%s: the int8 spine sidecar was made from other weights than the "
+                          "checkpoint's (source_digest %s, the checkpoint's tensors give %s) %s", side->path, want,
+                          got, stale), DF_EFORMAT);
+    free(q);
+    json_decref(root);
+    return rc;
 }
 
 /* ---------------------------------------------------------------------------------------------------- */
@@ -227,17 +297,18 @@ static char *int8_shard_name(int i, int n) {
 #define INT8_META_RULE "2-D F32/BF16/F16 spine matrices with both dims >= 64 and even columns, except routed " \
                        "experts, the MoE router (*.gate.weight) and kv_b_proj"
 
-/* The sidecar's metadata as key, value pairs (NULL-terminated); source is the checkpoint folder. */
-static void int8_metadata_pairs(const char *source, const char *pairs[11]) {
+/* The sidecar's metadata as key, value pairs (NULL-terminated); source is the checkpoint folder, digest the
+ * source record of the shard's tensors (NULL in the index). */
+static void int8_metadata_pairs(const char *source, const char *digest, const char *pairs[13]) {
     const char *v[] = {"format", "pt", "deltafin", "int8-spine 1", "source", source, "method", INT8_META_METHOD,
-                       "rule", INT8_META_RULE, NULL};
+                       "rule", INT8_META_RULE, digest ? "source_digest" : NULL, digest, NULL};
     memcpy(pairs, v, sizeof v);
 }
 
 static json_t *int8_metadata(const char *dir) {
     char *abs = realpath(dir, NULL);
-    const char *pairs[11];
-    int8_metadata_pairs(abs ? abs : dir, pairs);
+    const char *pairs[13];
+    int8_metadata_pairs(abs ? abs : dir, NULL, pairs);
     json_t *m = json_object();
     for (int i = 0; pairs[i]; i += 2) json_object_set_new(m, pairs[i], json_string(pairs[i + 1]));
     free(abs);
@@ -257,9 +328,12 @@ static int int8_header(const int8_writer *w, int a, int b, uint8_t **head, size_
         ts[2 * (i - a)] = (st_write_tensor){names[i - a], "F16", 1, {t->shape[0]}, rows * 2};
         ts[2 * (i - a) + 1] = (st_write_tensor){t->name, "I8", 2, {t->shape[0], t->shape[1]}, rows * cols};
     }
-    char *abs = realpath(w->dir, NULL);
-    const char *meta[11];
-    int8_metadata_pairs(abs ? abs : w->dir, meta);
+    char *abs = realpath(w->dir, NULL), digest[17];
+    uint64_t h = INT8_DIGEST_SEED;   /* in the order the tensors lie in the shard, as int8_spine_check reads them */
+    for (int i = a; i < b; i++) h = int8_source_id(w->v[i].t, h);
+    int8_digest_hex(h, digest);
+    const char *meta[13];
+    int8_metadata_pairs(abs ? abs : w->dir, digest, meta);
     int rc = st_write_header(ts, 2 * (b - a), meta, INT8_HEADER_ALIGN, head, hlen, NULL, NULL, err);
     free(abs);
     for (int i = 0; i < b - a; i++) free(names[i]);
@@ -309,13 +383,14 @@ static int int8_write_tensor(const st_file *src, const st_tensor *t, FILE *f, co
 }
 
 static int int8_write_shard(int8_writer *w, int a, int b, const char *name, df_error *err) {
-    char *path = df_path_join(w->dir, name), *tmp = xmalloc(strlen(path) + 8);
-    sprintf(tmp, "%s.tmp", path);
+    char *path = df_path_join(w->dir, name), *tmp = NULL;
     size_t hlen;
     uint8_t *header = NULL;
     int rc = int8_header(w, a, b, &header, &hlen, err);
-    FILE *f = rc ? NULL : fopen(tmp, "wb");
-    if (!rc && !f) rc = (df_error_set(err, DF_EIO, "%s: cannot create", tmp), DF_EIO);
+    int fd = rc ? -1 : df_temp_create(path, &tmp, err);   /* exclusive: never through a planted link */
+    FILE *f = fd >= 0 ? fdopen(fd, "wb") : NULL;
+    if (!rc && !f) rc = fd < 0 ? DF_EIO : (df_error_set(err, DF_EIO, "%s: cannot create", tmp), DF_EIO);
+    if (fd >= 0 && !f) close(fd);
     if (f) {
         if (fwrite(header, 1, hlen, f) != hlen) rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
         for (int i = a; i < b && !rc; i++) {
@@ -326,12 +401,21 @@ static int int8_write_shard(int8_writer *w, int a, int b, const char *name, df_e
                 w->stats->n_quantised++;
             }
         }
-        if (fclose(f) && !rc) rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
+        if (fflush(f) && !rc) rc = (df_error_set(err, DF_EIO, "%s: write failed", tmp), DF_EIO);
+        int fd2 = dup(fileno(f));
+        fclose(f);
+        if (fd2 < 0) rc = rc ? rc : (df_error_set(err, DF_EIO, "%s: %s", tmp, strerror(errno)), DF_EIO);
+        if (fd2 >= 0) {
+            int rc2 = df_temp_commit(fd2, tmp, path, rc ? EIO : 0, rc ? NULL : err);
+            if (!rc) rc = rc2;
+        } else {
+            unlink(tmp);
+            free(tmp);
+        }
+        tmp = NULL;
     }
-    if (!rc && rename(tmp, path)) rc = (df_error_set(err, DF_EIO, "%s: cannot rename to %s", tmp, path), DF_EIO);
-    if (rc) unlink(tmp);
-    free(header);
     free(tmp);
+    free(header);
     free(path);
     return rc;
 }
@@ -354,13 +438,12 @@ static int int8_write_index(int8_writer *w, const int *first, int n_shards, df_e
     json_t *meta = int8_metadata(w->dir);
     json_object_set_new(meta, "total_size", json_integer((json_int_t)total));
     json_t *root = json_pack("{s:o, s:o}", "metadata", meta, "weight_map", wm);
-    char *path = df_path_join(w->dir, INT8_SPINE_INDEX), *tmp = xmalloc(strlen(path) + 8);
-    sprintf(tmp, "%s.tmp", path);
-    int rc = DF_OK;
-    if (json_dump_file(root, tmp, JSON_INDENT(2) | JSON_PRESERVE_ORDER) || rename(tmp, path))
-        rc = (df_error_set(err, DF_EIO, "%s: cannot write", path), DF_EIO);
+    char *path = df_path_join(w->dir, INT8_SPINE_INDEX), *tmp;
+    char *text = json_dumps(root, JSON_INDENT(2) | JSON_PRESERVE_ORDER);
+    int fd = df_temp_create(path, &tmp, err), rc = DF_EIO;
+    if (fd >= 0) rc = df_temp_commit(fd, tmp, path, df_write_all(fd, text, strlen(text)), err);
+    free(text);
     json_decref(root);
-    free(tmp);
     free(path);
     return rc;
 }

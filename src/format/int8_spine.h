@@ -7,7 +7,9 @@
  * "N" I8 [out, in], so one byte range holds both (storage reads and streams it as one region, and the view is
  * scale = first byte, data = first byte + 2*out). Row r dequantises to q[r, c] * scale[r]; scale[r] is the fp16
  * rounding of max|W[r, :]| / 127 (0 for an all-zero row) and q = round(W / scale) clamped to [-127, 127].
- * __metadata__ records the method and the source checkpoint. */
+ * __metadata__ records the method, the source checkpoint, and each shard's source_digest: a hash of the identity
+ * of the checkpoint tensors its matrices were computed from (name, dtype, shape, length and sampled rows, in
+ * the shard's order), so a sidecar left over from other weights is recognised instead of used. */
 #ifndef DF_STORE_INT8_SPINE_H
 #define DF_STORE_INT8_SPINE_H
 
@@ -53,6 +55,11 @@ int int8_spine_files(const char *dir, char ***files, int *n, df_error *err);
  * covering scale then data: dtype I8, shape [out, in], begin/end the whole byte range, elem_size 2, data the
  * mapped first byte), 0 when f has no such tensor, or a negative status when the pair is malformed. */
 int int8_spine_find(const st_file *f, const char *name, st_tensor *span, df_error *err);
+
+/* Checks sidecar shard side against the checkpoint files src[0..n_src): its source_digest must be what the
+ * checkpoint's tensors of the same names give now. DF_EFORMAT naming the sidecar when it was made from other
+ * weights, holds a tensor the checkpoint lacks, or records no digest. */
+int int8_spine_check(const st_file *side, const st_file *src, int n_src, df_error *err);
 
 /* Points v (an I8 view with its shape set) at a span's bytes: scale first, then data. */
 void int8_spine_place(df_tensor *v, const uint8_t *span);

@@ -3,10 +3,12 @@
  * folder of symlinks): storage hands out I8 views with their row scales only when asked, a missing sidecar is
  * a clear error, the logits stay close to the checkpoint's and to the fixture reference, and the mapped,
  * streamed and sharded forms of the sidecar give identical logits. */
+#include <fcntl.h>
 #include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 #include "test.h"
 #include "engine_fixture.h"
@@ -204,6 +206,110 @@ static void test_fixture(const char *tmp, const char *fixture, double kl_bound) 
     fx_rmtree(dir);
 }
 
+static int copy_into(const char *from, const char *to) {
+    size_t n = 0;
+    df_error e = {0};
+    char *b = df_read_file(from, &n, &e);
+    FILE *f = b ? fopen(to, "wb") : NULL;
+    int ok = f && fwrite(b, 1, n, f) == n;
+    if (f) fclose(f);
+    free(b);
+    return ok ? 0 : -1;
+}
+
+/* What `deltafin info` prints for dir (problems included), opened with the given spine; NULL with err set when
+ * the open fails. */
+static char *describe(const char *dir, int spine, df_error *err) {
+    df_engine_opts o;
+    ef_opts(&o, dir, NULL);
+    o.spine = spine;
+    df_engine *eng = NULL;
+    if (df_engine_open(&eng, &o, err)) return NULL;
+    char *buf = xmalloc(1 << 16);
+    df_engine_describe(eng, buf, 1 << 16);
+    df_engine_free(eng);
+    return buf;
+}
+
+/* A sidecar made from other weights: the checkpoint's tensors change under the same names, shapes and dtypes
+ * (each quantised matrix in turn gets new values in every row). The
+ * int8 spine then refuses to open, naming the sidecar, and `info` without it reports the sidecar as stale; the
+ * same bytes rewritten (a new modification time) are still the same weights. */
+static void test_stale(const char *tmp, const char *fixture) {
+    char dir[1024], src[1024], from[1100], st_path[1100];
+    snprintf(dir, sizeof dir, "%s/stale-%s", tmp, fixture);
+    snprintf(src, sizeof src, "tests/fixtures/%s", fixture);
+    mkdir(dir, 0755);
+    snprintf(from, sizeof from, "%s/config.json", src);
+    snprintf(st_path, sizeof st_path, "%s/config.json", dir);
+    int ok = !copy_into(from, st_path);
+    snprintf(from, sizeof from, "%s/model.safetensors", src);
+    snprintf(st_path, sizeof st_path, "%s/model.safetensors", dir);
+    ok = ok && !copy_into(from, st_path);
+    int8_write_stats ws;
+    df_error err = {0};
+    char victim[1100], planted[1200];   /* a symlink where the old predictable temp name was */
+    snprintf(victim, sizeof victim, "%s/victim", dir);
+    snprintf(planted, sizeof planted, "%s/%s.tmp", dir, INT8_SPINE_FILE);
+    FILE *vf = fopen(victim, "wb");
+    if (vf) fputs("precious", vf), fclose(vf);
+    int linked = !symlink(victim, planted);
+    ok = ok && !int8_spine_write(dir, 0, NULL, &ws, &err);
+    size_t vn = 0;
+    char *vb = df_read_file(victim, &vn, &err);
+    CHECK(ok && linked && vb && vn == 8, "%s: the sidecar is written through an exclusive temp file, not a planted "
+          "symlink (%zu bytes left in the victim)", fixture, vn);
+    free(vb);
+    unlink(planted);
+    unlink(victim);
+    char *d = ok ? describe(dir, DF_SPINE_INT8, &err) : NULL;
+    CHECK(d && !strstr(d, "problem: "), "%s: a fresh sidecar opens and info finds no problem (%s)", fixture,
+          d ? "ok" : err.msg);
+    free(d);
+    st_file ck;
+    if (!ok || st_file_open(&ck, st_path, &err)) {
+        CHECK(0, "%s: stale setup: %s", fixture, err.msg);
+        return;
+    }
+    int cases = 0, refused = 0, reported = 0;
+    for (int i = 0; i < ck.n_tensors; i++) {
+        const st_tensor *t = &ck.tensors[i];
+        if (!int8_spine_eligible(t->name, t->dtype, t->ndim, t->shape)) continue;
+        uint64_t row = (t->end - t->begin) / (uint64_t)t->shape[0];
+        int fd = open(st_path, O_RDWR);
+        int flipped = fd >= 0;   /* new weights for this matrix: a bit of every row changed */
+        for (int64_t r = 0; flipped && r < t->shape[0]; r++) {
+            uint64_t at = st_tensor_offset(&ck, t) + (uint64_t)r * row + (uint64_t)(r % (int64_t)row);
+            uint8_t b = 0;
+            flipped = pread(fd, &b, 1, (off_t)at) == 1 && (b ^= 0x10, pwrite(fd, &b, 1, (off_t)at) == 1);
+        }
+        cases++;
+        err = (df_error){0};
+        d = describe(dir, DF_SPINE_INT8, &err);
+        refused += flipped && !d && strstr(err.msg, INT8_SPINE_FILE) && strstr(err.msg, "other weights");
+        free(d);
+        d = describe(dir, DF_SPINE_BF16, &err);
+        reported += d && strstr(d, "problem: ") && strstr(d, INT8_SPINE_FILE);
+        free(d);
+        for (int64_t r = 0; flipped && r < t->shape[0]; r++) {   /* back as it was */
+            uint64_t at = st_tensor_offset(&ck, t) + (uint64_t)r * row + (uint64_t)(r % (int64_t)row);
+            uint8_t b = 0;
+            if (pread(fd, &b, 1, (off_t)at) != 1 || (b ^= 0x10, pwrite(fd, &b, 1, (off_t)at) != 1)) cases = -1000;
+        }
+        if (fd >= 0) close(fd);
+    }
+    CHECK(cases > 0 && refused == cases && reported == cases, "%s: %d quantised matrices changed in turn: the int8 "
+          "spine refused %d times naming the sidecar, info reported it %d times", fixture, cases, refused, reported);
+    struct timespec ts[2] = {{1000000000, 0}, {1000000000, 0}};
+    utimensat(AT_FDCWD, st_path, ts, 0);
+    d = describe(dir, DF_SPINE_INT8, &err);
+    CHECK(d != NULL, "%s: the same weights under a new modification time still match their sidecar (%s)", fixture,
+          d ? "ok" : err.msg);
+    free(d);
+    st_file_close(&ck);
+    fx_rmtree(dir);
+}
+
 int main(void) {
     test_quantizer();
     test_rule();
@@ -216,6 +322,8 @@ int main(void) {
     test_fixture(tmp, "kl-bf16", 0.1);
     test_fixture(tmp, "k3-tiny-bf16", 0.1);
     test_fixture(tmp, "kl-fp32", 0.1);
+    test_stale(tmp, "kl-bf16");
+    test_stale(tmp, "k3-tiny-bf16");
     rmdir(tmp);
     TEST_EXIT();
 }
