@@ -177,6 +177,12 @@ static int dc_parse_shard(json_t *js, dc_shard *s, const char *path, df_error *e
     json_t *size = json_object_get(js, "size"), *holes = json_object_get(js, "holes");
     if (!name || !state || !json_is_integer(size) || json_integer_value(size) < 0 || !json_is_array(holes))
         return dc_bad(path, "shard entry lacks name, state, size or holes", err);
+    /* the name joins the model folder and the cache folder: a path that climbs out of them is refused */
+    int climbs = !*name || name[0] == '/' || strlen(name) > 1024;
+    for (const char *p = name; !climbs && *p; p = strchr(p, '/') ? strchr(p, '/') + 1 : p + strlen(p))
+        climbs = (p[0] == '.' && (p[1] == '/' || !p[1])) || (!strncmp(p, "..", 2) && (p[2] == '/' || !p[2])) ||
+                 p[0] == '/';
+    if (climbs) return dc_bad(path, "a shard name is not a path inside the model folder", err);
     s->name = xstrdup(name);
     s->size = (uint64_t)json_integer_value(size);
     const char *sha = json_string_value(json_object_get(js, "sha256"));
@@ -345,7 +351,7 @@ static uint64_t dc_entry_bytes(dc_span e) { return e.off % IO_ALIGN + e.len + DC
 int dcache_has(const dcache *c, const char *shard, dc_span e) {
     char *p = dcache_entry_path(c, shard, e);
     struct stat sb;
-    int ok = stat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == dc_entry_bytes(e);
+    int ok = lstat(p, &sb) == 0 && S_ISREG(sb.st_mode) && (uint64_t)sb.st_size == dc_entry_bytes(e);
     free(p);
     return ok;
 }
@@ -384,9 +390,24 @@ static void dc_touch(const dcache *c, const char *path) {
     if (c->cap) utimensat(AT_FDCWD, path, NULL, 0);
 }
 
+/* Opens an entry without blocking or following a link: only a regular file of the entry's exact size is one
+ * (a FIFO, device or link planted in the cache is refused at once). -1 with errno set otherwise. */
+static int dc_open_entry(const char *path, dc_span e, int flags) {
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK | O_NOFOLLOW | flags);
+    struct stat sb;
+    if (fd >= 0 && (fstat(fd, &sb) || !S_ISREG(sb.st_mode) || (uint64_t)sb.st_size != dc_entry_bytes(e))) {
+        int regular = S_ISREG(sb.st_mode);
+        close(fd);
+        errno = regular ? EBADMSG : EINVAL;
+        return -1;
+    }
+    if (fd >= 0) fcntl(fd, F_SETFL, fcntl(fd, F_GETFL) & ~O_NONBLOCK);
+    return fd;
+}
+
 int dcache_load(dcache *c, const char *shard, dc_span e, uint8_t *dst, const char *what, df_error *err) {
     char *path = dcache_entry_path(c, shard, e);
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK), rc;
+    int fd = dc_open_entry(path, e, 0), rc;
     uint64_t got = 0;
     int e1 = fd < 0 ? errno : dc_pread_all(fd, dst, e.len, e.off % IO_ALIGN, &got);
     if (e1 || got < e.len)
@@ -412,13 +433,25 @@ int dcache_read(dcache *c, const char *shard, dc_span e, uint64_t off, uint64_t 
     }
     char *path = dcache_entry_path(c, shard, e);
     uint64_t base = e.off - e.off % IO_ALIGN, head = off % IO_ALIGN, pos = off - base - head, got = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC | O_DIRECT), e1 = 0;
+    int fd = dc_open_entry(path, e, O_DIRECT), e1 = 0;
+    if (fd < 0 && (errno == EINVAL || errno == EBADMSG || errno == ELOOP)) {   /* no entry file, not O_DIRECT */
+        int why = errno;
+        int plain = dc_open_entry(path, e, 0);
+        if (plain < 0) {
+            df_error_set(err, DF_EIO, "%s: reading cached %s failed: %s", path, what,
+                         why == ELOOP || errno == ELOOP ? "a symbolic link, not an entry"
+                         : errno == EBADMSG ? "size does not match its name" : "not a regular file");
+            free(path);
+            return DF_EIO;
+        }
+        close(plain);
+    }
     if (fd >= 0) {
         e1 = dc_pread_all(fd, dst, io_span_bytes(off, len), pos, &got);
         close(fd);
     }
     if (fd < 0 || got < head + len) {   /* no O_DIRECT here (tmpfs), or refused: read buffered */
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = dc_open_entry(path, e, 0);
         e1 = fd < 0 ? errno : dc_pread_all(fd, dst + head, len, off - base, &got);
         if (fd >= 0) close(fd);
         if (!e1 && got < len) e1 = -1;
@@ -429,7 +462,7 @@ int dcache_read(dcache *c, const char *shard, dc_span e, uint64_t off, uint64_t 
         rc = (df_error_set(err, DF_EIO, "%s: reading cached %s failed: %s", path, what,
                            e1 < 0 ? "entry shorter than its name says" : strerror(e1)), DF_EIO);
     if (!rc) {
-        fd = open(path, O_RDONLY | O_CLOEXEC);
+        fd = dc_open_entry(path, e, 0);
         rc = fd < 0 ? (df_error_set(err, DF_EIO, "%s: %s", path, strerror(errno)), DF_EIO)
                     : dc_verify(fd, path, e, dst + head, what, err);
         if (fd >= 0) close(fd);
@@ -554,8 +587,12 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     return rc;
 }
 
+/* Removes path and, for a real folder, what is in it: a symlink is removed itself, never followed into the
+ * folder it names. */
 static void dc_remove_tree(const char *path) {
-    DIR *d = opendir(path);
+    struct stat sb;
+    if (lstat(path, &sb)) return;
+    DIR *d = S_ISDIR(sb.st_mode) ? opendir(path) : NULL;
     if (!d) {
         unlink(path);
         return;
