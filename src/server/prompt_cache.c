@@ -24,11 +24,9 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/util.h"
+#include "server/prompt_cache_file.h"
 
-#define PCACHE_MAGIC 0x32504644u   /* "DFP2" */
-#define PCACHE_HEAD 28             /* magic u32, count u64, token hash u64, key u64 */
 #define PCACHE_MAX_ENTRIES 1024
-#define PCACHE_MAX_TOKENS ((int64_t)1 << 26)   /* past any context: a bigger count in a name is not an entry */
 
 typedef struct pc_entry {
     uint64_t hash;
@@ -66,16 +64,6 @@ static double wall_now(void) {
     return (double)ts.tv_sec + ts.tv_nsec * 1e-9;
 }
 
-static uint64_t hash_tokens(const int32_t *ids, int64_t n) {
-    uint64_t h = 1469598103934665603ull;   /* FNV-1a over the little-endian bytes */
-    for (int64_t i = 0; i < n; i++)
-        for (int b = 0; b < 4; b++) {
-            h ^= (uint8_t)((uint32_t)ids[i] >> (8 * b));
-            h *= 1099511628211ull;
-        }
-    return h;
-}
-
 static void entry_path(const prompt_cache *pc, uint64_t hash, int64_t n, const char *ext, char *out, size_t cap) {
     snprintf(out, cap, "%s/%016llx-%lld.%s", pc->dir, (unsigned long long)hash, (long long)n, ext);
 }
@@ -101,60 +89,20 @@ static int mkdirs(const char *dir) {
     return rc;
 }
 
-/* Reads NAME.tok: the tokens, validated (magic, count against the name and the size, checksum, key); NULL
- * with *why saying what is wrong. */
+/* Reads NAME.tok: a regular file of at most the size its name allows, then pc_tokens_parse. */
 static int32_t *read_tokens(const char *path, int64_t want_n, uint64_t want_hash, uint64_t key, const char **why) {
     df_error e = {0};
     size_t len = 0;
     *why = "not a token file of this cache";
-    if (want_n <= 0 || want_n > PCACHE_MAX_TOKENS) return NULL;
-    char *buf = df_read_file_max(path, PCACHE_HEAD + 4 * (size_t)want_n, &len, &e);
+    if (want_n <= 0 || want_n > PC_MAX_TOKENS) return NULL;
+    char *buf = df_read_file_max(path, PC_TOK_HEAD + 4 * (size_t)want_n, &len, &e);
     if (!buf) {
         *why = e.code == DF_EIO ? "not a regular file or unreadable" : "larger than its name says";
         return NULL;
     }
-    int32_t *ids = NULL;
-    uint32_t magic;
-    uint64_t n, sum, k;
-    if (len >= PCACHE_HEAD) {
-        memcpy(&magic, buf, 4);
-        memcpy(&n, buf + 4, 8);
-        memcpy(&sum, buf + 12, 8);
-        memcpy(&k, buf + 20, 8);
-        /* n is compared with the bounded count of the name before it sizes anything */
-        if (magic != PCACHE_MAGIC) *why = "bad magic (another format or version)";
-        else if (n != (uint64_t)want_n || len != PCACHE_HEAD + 4 * (size_t)want_n) *why = "count or size mismatch";
-        else if (k != key) *why = "saved by other weights, spine or options";
-        else {
-            ids = xmalloc((size_t)n * 4);
-            memcpy(ids, buf + PCACHE_HEAD, (size_t)n * 4);
-            if (hash_tokens(ids, (int64_t)n) != sum || sum != want_hash) {
-                *why = "checksum mismatch";
-                free(ids);
-                ids = NULL;
-            }
-        }
-    }
+    int32_t *ids = pc_tokens_parse((const uint8_t *)buf, len, want_n, want_hash, key, why);
     free(buf);
     return ids;
-}
-
-/* Whether a name is of the cache's own making: HASH-N.kv, HASH-N.tok, or a temp file of either (current
- * ".NAME.tmp-XXXXXX" and older "NAME.PID.tmp" / "NAME.tmp.PID" spellings). *entry is set for HASH-N.tok. */
-static int pc_own_name(const char *name, unsigned long long *h, long long *n, int *entry) {
-    int used = 0;
-    *entry = 0;
-    const char *s = name[0] == '.' ? name + 1 : name;
-    if (strlen(s) < 20 || s[16] != '-' || s[17] < '0' || s[17] > '9' ||
-        sscanf(s, "%16llx-%lld%n", h, n, &used) != 2 || *n <= 0)
-        return 0;
-    for (int i = 0; i < 16; i++)
-        if (!strchr("0123456789abcdef", s[i])) return 0;
-    const char *ext = s + used;
-    if (name[0] == '.') return (!strncmp(ext, ".tok.tmp-", 9) || !strncmp(ext, ".kv.tmp-", 8));
-    if (!strcmp(ext, ".tok")) return *entry = 1;
-    if (!strcmp(ext, ".kv")) return 1;
-    return !strncmp(ext, ".tok.", 5) || !strncmp(ext, ".kv.tmp.", 8);
 }
 
 static void add_orphan(prompt_cache *pc, const char *name, uint64_t bytes, double mtime) {
@@ -247,7 +195,7 @@ int pcache_open(prompt_cache **out, const char *dir, uint64_t key, uint64_t max_
         unsigned long long h;
         long long n;
         int is_tok;
-        if (!pc_own_name(de->d_name, &h, &n, &is_tok)) continue;
+        if (!pc_name_parse(de->d_name, &h, &n, &is_tok)) continue;
         char *path = df_path_join(dir, de->d_name);
         struct stat sb;
         if (lstat(path, &sb)) {
@@ -355,12 +303,12 @@ int64_t pcache_restore(prompt_cache *pc, df_session *sess, const int32_t *ids, i
 int pcache_save(prompt_cache *pc, const df_session *sess, const int32_t *ids, int64_t n) {
     if (n < pc->min_tokens) return 0;
     pthread_mutex_lock(&pc->mu);
-    uint64_t h = hash_tokens(ids, n);
+    uint64_t h = pc_hash_tokens(ids, n);
     int written = 0;
     for (int i = 0; i < pc->n; i++)
         if (pc->e[i].hash == h && pc->e[i].n == n) goto out;   /* kept already */
     if (pc->off) goto out;
-    if (n > PCACHE_MAX_TOKENS) goto out;
+    if (n > PC_MAX_TOKENS) goto out;
     char kv[4200], tok[4200];
     entry_path(pc, h, n, "kv", kv, sizeof kv);
     entry_path(pc, h, n, "tok", tok, sizeof tok);
@@ -375,13 +323,8 @@ int pcache_save(prompt_cache *pc, const df_session *sess, const int32_t *ids, in
         fprintf(stderr, "deltafin serve: prompt cache: %s%s\n", err.msg, pc->off ? " (prompt cache off)" : "");
         goto out;
     }
-    uint8_t head[PCACHE_HEAD];
-    uint32_t magic = PCACHE_MAGIC;
-    uint64_t count = (uint64_t)n;
-    memcpy(head, &magic, 4);
-    memcpy(head + 4, &count, 8);
-    memcpy(head + 12, &h, 8);
-    memcpy(head + 20, &pc->key, 8);
+    uint8_t head[PC_TOK_HEAD];
+    pc_tokens_head(head, n, h, pc->key);
     char *tmp;   /* exclusive, unpredictable: a symlink planted in the folder is never written through */
     int fd = df_temp_create(tok, &tmp, &err);
     int e1 = fd < 0 ? EIO : df_write_all(fd, head, sizeof head);
