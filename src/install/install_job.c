@@ -187,14 +187,20 @@ static char *install_log_path(const install_job *j, const install_shard *s) {
 static unsigned char *install_log_load(const install_job *j, const install_shard *s) {
     unsigned char *done = xcalloc((size_t)s->n_holes + 1, 1);
     char *p = install_log_path(j, s);
-    FILE *f = fopen(p, "r");
+    size_t len = 0;
+    df_error e = {0};   /* a regular file of a bounded size only: a FIFO here would block the fetch for good */
+    char *text = access(p, F_OK) ? NULL : df_read_file_max(p, 64 + 48 * ((size_t)s->n_holes + 1), &len, &e);
+    if (!text && e.code) fprintf(stderr, "deltafin fetch: %s ignored (filling from the start)\n", e.msg);
     unsigned long long o, l;
-    char nl;
-    while (f && fscanf(f, "%llu %llu%c", &o, &l, &nl) == 3 && nl == '\n') {
+    int used = 0;
+    for (const char *at = text; at && at < text + len; at += used) {
+        const char *eol = memchr(at, '\n', (size_t)(text + len - at));
+        if (!eol || sscanf(at, "%llu %llu%n", &o, &l, &used) != 2 || at + used != eol) break;   /* torn line */
+        used++;
         int h = dc_shard_hole(s->m, o, l);
         if (h >= 0 && s->m->holes[h].off == o && s->m->holes[h].len == l) done[h] = 1;
     }
-    if (f) fclose(f);
+    free(text);
     free(p);
     return done;
 }
@@ -300,11 +306,10 @@ static int install_open_shard(install_shard *s, int *fd, df_error *err) {
     }
     if (*fd >= 0 && (uint64_t)sb.st_size == s->size) return DF_OK;
     if (*fd >= 0) close(*fd);
-    size_t n = strlen(s->path) + 16;
-    char *tmp = xmalloc(n);
-    snprintf(tmp, n, "%s.new", s->path);
-    *fd = open(tmp, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644);
-    int e = *fd < 0 ? errno : ftruncate(*fd, (off_t)s->size) ? errno : rename(tmp, s->path) ? errno : 0;
+    char *tmp;   /* exclusive: a link planted at a predictable name would be truncated through */
+    *fd = df_temp_create(s->path, &tmp, err);
+    if (*fd < 0) return DF_EIO;
+    int e = ftruncate(*fd, (off_t)s->size) ? errno : fchmod(*fd, 0644) ? errno : rename(tmp, s->path) ? errno : 0;
     if (e) {
         df_error_set(err, DF_EIO, "%s: cannot create it at %llu bytes: %s", s->path, (unsigned long long)s->size,
                      strerror(e));
@@ -426,7 +431,11 @@ static int install_fill_shard(install_job *j, install_shard *s, df_error *err) {
     if (rc) return rc;
     unsigned char *done = install_log_load(j, s);
     char *logp = install_log_path(j, s);
-    FILE *log = fopen(logp, "a");
+    int lfd = open(logp, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
+    struct stat lsb;
+    if (lfd >= 0 && (fstat(lfd, &lsb) || !S_ISREG(lsb.st_mode))) close(lfd), lfd = -1, errno = EINVAL;
+    FILE *log = lfd >= 0 ? fdopen(lfd, "a") : NULL;
+    if (lfd >= 0 && !log) close(lfd);
     if (!log) rc = (df_error_set(err, DF_EIO, "%s: %s", logp, strerror(errno)), DF_EIO);
     int batch = 4 * j->jobs;
     remote_req *q = xcalloc((size_t)batch, sizeof *q);
