@@ -241,15 +241,17 @@ static int cfg_check(cfg_reader *r, df_config *c) {
                  {c->n_shared, 0, 1024, "num_shared_experts"}, {c->latent_dim, 0, INT32_MAX, "routed_expert_hidden_size"},
                  {c->n_experts, 0, INT32_MAX, "num_experts"}, {c->topk, 0, INT32_MAX, "num_experts_per_token"},
                  {c->moe_inter, 0, INT32_MAX, "moe_intermediate_size"},
-                 {c->dense_inter, 0, INT32_MAX, "intermediate_size"},
-                 {c->bos_id, INT32_MIN, (int64_t)c->vocab - 1, "bos_token_id"},
-                 {c->eos_id, INT32_MIN, (int64_t)c->vocab - 1, "eos_token_id"}};
+                 {c->dense_inter, 0, INT32_MAX, "intermediate_size"}};
     for (size_t i = 0; i < sizeof sizes / sizeof *sizes; i++)
         if (sizes[i].v < sizes[i].lo || sizes[i].v > sizes[i].hi) {
             df_error_set(r->err, DF_EFORMAT, "%s: invalid %s %lld (must be %lld..%lld)", r->path, sizes[i].key,
                          (long long)sizes[i].v, (long long)sizes[i].lo, (long long)sizes[i].hi);
             return -1;
         }
+    /* an id no token can have (a trimmed vocabulary keeps the full one's ids) is no such token: never prepended,
+     * never matched */
+    if (c->bos_id >= c->vocab) c->bos_id = -1;
+    if (c->eos_id >= c->vocab) c->eos_id = -1;
     int any_moe = 0;
     for (int i = 0; i < c->n_layers; i++) {
         c->ffn[i] = (i >= c->first_dense && i % c->moe_freq == 0) ? FFN_MOE : FFN_DENSE;
