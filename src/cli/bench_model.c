@@ -612,6 +612,8 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    int served;
+    if (cli_rank_serve(&opts, "bench", &served)) return served;
     int spec_path = sa.spec.mode != SPEC_OFF || sa.prompts_path;
     if (spec_path && (parallel > 1 || prefill_rows)) {
         fprintf(stderr, "deltafin bench: --parallel and --prefill-rows measure the plain decode: they cannot be "
