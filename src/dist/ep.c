@@ -65,6 +65,7 @@ struct dist_ep {
     uint8_t *tx;
     size_t tx_cap;
     int *to;                    /* ranks a job goes to */
+    unsigned *turn;             /* per layer: its passes so far (deals a replicated expert's passes over its holders) */
     atomic_int lost;
     char lost_msg[1024];
 };
@@ -104,7 +105,7 @@ static int ep_send_to(dist_ep *ep, const int *to, int n, const void *buf, size_t
 
 static void ep_assign(void *ctx, moe_job *job) {
     dist_ep *ep = ctx;
-    rank_plan_assign(ep->plan, job->layer, job->uniq, job->rows, job->n_uniq, job->rank);
+    rank_plan_assign(ep->plan, job->layer, job->uniq, job->rows, job->n_uniq, ep->turn[job->layer]++, job->rank);
 }
 
 static size_t job_bytes(int64_t T, int64_t k, int64_t Dz, int64_t n_uniq, int64_t n_groups) {
@@ -231,6 +232,7 @@ int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *pl
     ep->c = c, ep->m = m, ep->plan = plan;
     ep->info = xcalloc((size_t)N, sizeof *ep->info);
     ep->to = xcalloc((size_t)N, sizeof *ep->to);
+    ep->turn = xcalloc((size_t)m->cfg.n_layers + 1, sizeof *ep->turn);
     ep->peers = (model_peers){ep, ep_assign, ep_dispatch, ep_collect};
     own_info(&ep->info[0], c, m, plan, plan->folders[0]);
     for (int r = 1; r < N; r++) ep->to[r - 1] = r, snprintf(ep->info[r].host, sizeof ep->info[r].host, "rank %d", r);
@@ -257,7 +259,7 @@ int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *pl
     }
     if (rc) {
         ep_lose(ep, err);
-        free(ep->info), free(ep->to), dist_buf_free(&ep->rx), free(ep);
+        free(ep->info), free(ep->to), free(ep->turn), dist_buf_free(&ep->rx), free(ep);
         return rc;
     }
     *out = ep;
@@ -310,6 +312,7 @@ void ep_leader_close(dist_ep *ep) {
     }
     free(ep->info);
     free(ep->to);
+    free(ep->turn);
     free(ep->tx);
     dist_buf_free(&ep->rx);
     free(ep);

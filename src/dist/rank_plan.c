@@ -181,13 +181,17 @@ int rank_plan_write(const rank_plan *p, const char *dir, const char *const *fold
     return rc;
 }
 
-void rank_plan_assign(const rank_plan *p, int layer, const int *uniq, const int *rows, int n, int *rank) {
+void rank_plan_assign(const rank_plan *p, int layer, const int *uniq, const int *rows, int n, unsigned turn,
+                      int *rank) {
     int64_t load[RANK_PLAN_MAX] = {0};
     for (int u = 0; u < n; u++) {
         uint64_t h = p->holders[p->base[layer] + uniq[u]];
-        int best = -1;
+        int best = -1, tied[RANK_PLAN_MAX], n_tied = 0;
         for (int r = 0; r < p->n_ranks; r++)
             if (((h >> r) & 1) && (best < 0 || load[r] < load[best])) best = r;
+        for (int r = 0; best >= 0 && r < p->n_ranks; r++)
+            if (((h >> r) & 1) && load[r] == load[best]) tied[n_tied++] = r;
+        if (n_tied > 1) best = tied[turn % (unsigned)n_tied];
         rank[u] = best < 0 ? 0 : best;
         load[rank[u]] += rows[u];
     }

@@ -44,7 +44,10 @@ static inline int rank_plan_holds(const rank_plan *p, int r, int layer, int e) {
     return (int)((p->holders[p->base[layer] + e] >> r) & 1);
 }
 /* The rank computing each of a layer's selected experts uniq[0..n) (rows[u] rows routed to each): the holder,
- * or of several holders the one with the fewest rows assigned so far in this selection (ties: the lower rank). */
-void rank_plan_assign(const rank_plan *p, int layer, const int *uniq, const int *rows, int n, int *rank);
+ * or of several holders the one with the fewest rows assigned so far in this selection, ties going to the
+ * (turn mod ties)-th of the tied holders (the caller advances turn pass by pass, so a replicated expert's passes
+ * are dealt over its holders in turn). Which rank computes an expert never changes the result, only who reads it. */
+void rank_plan_assign(const rank_plan *p, int layer, const int *uniq, const int *rows, int n, unsigned turn,
+                      int *rank);
 
 #endif
