@@ -11,8 +11,24 @@ CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -pthread -fno-strict-a
 LDLIBS  += $(PKG_LIBS) -lm -pthread
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
+# MPI (expert parallelism over several machines, src/dist): linked when the build finds an implementation
+# (Open MPI's or MPICH's pkg-config file, else mpicc's own flags); otherwise, or with `make MPI=0`, a one-rank
+# stub. Linked rather than loaded at run time because MPI's handles differ by implementation (Open MPI's are
+# pointers to library objects, MPICH's integers): only the implementation's own header gets them right.
+MPI ?= 1
+ifneq ($(MPI),0)
+MPI_PC     := $(firstword $(foreach p,ompi-c mpich,$(shell pkg-config --exists $(p) 2>/dev/null && echo $(p))))
+MPI_CFLAGS := $(if $(MPI_PC),$(shell pkg-config --cflags $(MPI_PC)),$(shell mpicc --showme:compile 2>/dev/null))
+MPI_LIBS   := $(if $(MPI_PC),$(shell pkg-config --libs $(MPI_PC)),$(shell mpicc --showme:link 2>/dev/null))
+endif
 LIB_SRC := $(sort $(wildcard src/*/*.c))
 LIB_SRC := $(filter-out src/cli/%,$(LIB_SRC))
+ifneq ($(MPI_LIBS),)
+LIB_SRC := $(filter-out src/dist/comm_stub.c,$(LIB_SRC))
+LDLIBS  += $(MPI_LIBS)
+else
+LIB_SRC := $(filter-out src/dist/comm_mpi.c,$(LIB_SRC))
+endif
 CLI_SRC := $(sort $(wildcard src/cli/*.c))
 TEST_SRC := $(sort $(wildcard tests/unit/test_*.c))
 
@@ -57,6 +73,8 @@ $(B)/libdeltafin.a: $(LIB_OBJ)
 # $(B)/dist/libdeltafin.a: all library objects linked into one relocatable object whose hidden symbols are
 # made local, so that consumers see the df_* API and nothing else (tests/shell/test_public_lib.sh checks it).
 $(LIB_OBJ) $(ASAN_LIB_OBJ) $(CHECK_LIB_OBJ): CFLAGS += -fvisibility=hidden
+
+$(B)/rel/src/dist/comm_mpi.o $(B)/asan/src/dist/comm_mpi.o $(B)/check/src/dist/comm_mpi.o: CFLAGS += $(MPI_CFLAGS)
 
 $(B)/dist/libdeltafin.a: $(LIB_OBJ)
 	@mkdir -p $(dir $@)
@@ -128,7 +146,7 @@ install: $(BIN) $(B)/dist/libdeltafin.a
 	install -m 644 $(B)/dist/libdeltafin.a $(DESTDIR)$(PREFIX)/lib/libdeltafin.a
 	printf '%s\n' 'prefix=$(PREFIX)' 'Name: deltafin' 'Description: Kimi-Linear / Kimi K3 inference library' \
 		"Version: $$(sed -n 's/^#define DF_VERSION "\(.*\)"/\1/p' include/deltafin.h)" \
-		'Requires: $(PKGS)' 'Cflags: -I$${prefix}/include' 'Libs: -L$${prefix}/lib -ldeltafin -lm -pthread' \
+		'Requires: $(PKGS)' 'Cflags: -I$${prefix}/include' 'Libs: -L$${prefix}/lib -ldeltafin -lm -pthread $(MPI_LIBS)' \
 		>$(DESTDIR)$(PREFIX)/lib/pkgconfig/deltafin.pc
 
 clean:

@@ -97,7 +97,12 @@ typedef struct df_engine_opts {
                                  history, rollback record) for this many tokens, and sessions stop there (the
                                  model's context if smaller); 0: sessions are not counted and may reach the
                                  model's context */
+    int ranks;                /* DF_RANKS_LAUNCHER: join the job an MPI launcher (mpirun) started this process in, as
+                                 rank 0 of an expert-parallel engine (README "Several machines"); the other ranks
+                                 call df_engine_serve. DF_RANKS_ONE (0, the default): this process alone */
 } df_engine_opts;
+
+enum { DF_RANKS_ONE = 0, DF_RANKS_LAUNCHER = 1 };
 
 enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };
 
@@ -117,6 +122,14 @@ typedef struct df_model_info {
 } df_model_info;
 
 DF_API void df_engine_opts_default(df_engine_opts *opts);
+/* This process's rank in the job an MPI launcher started it in (from the launcher's environment, without
+ * starting MPI), 0 without one. */
+DF_API int df_launcher_rank(void);
+/* A rank other than 0 of an expert-parallel job (opts->ranks = DF_RANKS_LAUNCHER): opens this rank's share of the
+ * model (its experts, from its own folder in the rank plan, into its own cache; the spine is not read) and computes
+ * it for rank 0 until rank 0 closes its engine. Fails, naming the rank, when this rank cannot open its share (rank 0
+ * then fails to open too) or when rank 0 is lost. */
+DF_API int df_engine_serve(const df_engine_opts *opts, df_error *err);
 /* Checks every tensor the forward pass will use against the config (names, shapes, dtypes) without reading a
  * streamed spine: a missing or misshapen one fails the open, naming it. */
 DF_API int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err);
@@ -232,6 +245,27 @@ typedef struct df_stats {
                                                           record / by evaluating the history again */
 } df_stats;
 DF_API void df_engine_stats(const df_engine *eng, df_stats *out);
+
+/* Expert parallelism: the ranks serving this engine (1 without), and what rank r holds and has read. */
+typedef struct df_rank_info {
+    char host[64];
+    char folder[512];                      /* its expert folder ("" = the model folder's shards) */
+    int64_t experts_held, experts_shared;  /* experts it holds; of them, held by other ranks too (replicas) */
+    int cache_slots;
+    uint64_t cache_bytes;
+    uint64_t expert_disk_bytes, expert_hits, expert_misses;
+} df_rank_info;
+typedef struct df_net_stats {
+    uint64_t bytes_sent, bytes_recv, messages;   /* rank 0's, to and from the other ranks */
+    double wait_s;                               /* rank 0's time waiting for the other ranks' answers */
+} df_net_stats;
+DF_API int df_engine_ranks(const df_engine *eng);
+/* Rank r's counters, asked of it now (an evaluation call: not beside another). */
+DF_API int df_engine_rank_info(df_engine *eng, int r, df_rank_info *out, df_error *err);
+DF_API void df_engine_net_stats(const df_engine *eng, df_net_stats *out);
+/* DF_OK while every rank answers; after one is lost, DF_EIO with the message naming it in why. Callable from
+ * any thread at any time. */
+DF_API int df_engine_health(const df_engine *eng, char *why, size_t cap);
 /* Look-ahead of one layer (the guess made before its attention): experts it asked for while a guess
  * was pending, how many of them the guess named (recall = recalled / requests), guessed reads, and how many
  * of its guess's most confident ranks are being read now (auto's current decision; 0: none). A guess ranks

@@ -13,6 +13,8 @@ for a in "$@"; do
     esac
 done
 PKGS=(build-essential pkg-config libpcre2-dev liburing-dev libcurl4-openssl-dev libmicrohttpd-dev libjansson-dev)
+# Open MPI: expert parallelism over several processes or machines (src/dist; without it the build runs one rank)
+PKGS+=(openmpi-bin libopenmpi-dev)
 if [ "$build_only" = 0 ]; then
     # clang: warning check and libFuzzer; python3: test helpers and the test HTTP server; the aarch64 cross
     # compiler and qemu: the NEON kernels' test.

@@ -341,7 +341,23 @@ typedef struct bench_result {
     int32_t *tokens;                    /* [parallel][n] */
     int passes, drafted, accepted;
     const char *spec;        /* speculation mode */
+    int ranks;                          /* expert parallelism: ranks serving the engine */
+    uint64_t rank_disk[2][64];          /* each rank's expert disk bytes after prefill, after decode */
+    df_net_stats net[2];                /* rank 0's traffic with the other ranks, the same two moments */
 } bench_result;
+
+/* Each rank's counters and the traffic between them, at moment k (0: after prefill, 1: after decode). */
+static int bench_rank_snap(df_engine *eng, bench_result *r, int k, df_error *err) {
+    r->ranks = DF_MIN(df_engine_ranks(eng), 64);
+    df_engine_net_stats(eng, &r->net[k]);
+    for (int i = 0; i < r->ranks; i++) {
+        df_rank_info in;
+        int rc = df_engine_rank_info(eng, i, &in, err);
+        if (rc) return rc;
+        r->rank_disk[k][i] = in.expert_disk_bytes;
+    }
+    return DF_OK;
+}
 
 /* The precision of the guesses per confidence rank, summed over n layers' counters, for the ranks that named
  * any expert: a JSON array, or percentages separated by spaces. */
@@ -381,6 +397,12 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
+    char rank_list[64 * 24] = "";
+    for (int i = 0, at = 0; i < r->ranks; i++)
+        at += snprintf(rank_list + at, sizeof rank_list - (size_t)at, "%s%.0f", i ? "," : "",
+                       (double)(r->rank_disk[1][i] - r->rank_disk[0][i]) / gen);
+    double net_bpt = (double)(r->net[1].bytes_sent + r->net[1].bytes_recv - r->net[0].bytes_sent - r->net[0].bytes_recv) / gen;
+    double net_wait = (r->net[1].wait_s - r->net[0].wait_s) / gen;
     if (json) {
         printf("{\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
                r->passes, r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
@@ -406,7 +428,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"io\":\"%s\",\"lookahead_recall\":%.4f,\"lookahead_loads_per_token\":%.2f,"
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"lm_head\":%.6f,\"other\":%.6f},"
-               "\"generated\":[",
+               "\"ranks\":%d,\"rank_disk_bytes_per_token\":[%s],\"net_bytes_per_token\":%.0f,"
+               "\"net_wait_s_per_token\":%.6f,\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
                r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, r->probe_gbps, r->engine_gbps,
@@ -416,7 +439,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                (unsigned long long)pre_loads,
                r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
                r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
-               r->prof.lm_head / n, other > 0 ? other : 0);
+               r->prof.lm_head / n, other > 0 ? other : 0, r->ranks, rank_list, net_bpt, net_wait);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
         printf("],\"generated_streams\":[");
         for (int k = 0; k < r->parallel; k++) {
@@ -493,6 +516,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     printf("  disk %.2f GB/%s (experts %.2f, spine %.2f), read %.2f GB/s, reads in flight %.0f%% of the time, "
            "cache hit rate %.1f%%\n", bpt / 1e9, r->parallel > 1 ? "generated token" : "token", ebpt / 1e9,
            sbpt / 1e9, read_gbps, 100 * busy, 100 * hit);
+    if (r->ranks > 1)
+        printf("  ranks %d: expert disk bytes per token by rank [%s]; %.0f bytes per token over the network, rank 0 "
+               "waiting %.6f s per token for the others\n", r->ranks, rank_list, net_bpt, net_wait);
     printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, lm_head %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token",
            r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,
@@ -612,6 +638,8 @@ int bench_model(int argc, char **argv) {
         usage(stderr);
         return 2;
     }
+    int served;
+    if (cli_rank_serve(&opts, "bench", &served)) return served;
     int spec_path = sa.spec.mode != SPEC_OFF || sa.prompts_path;
     if (spec_path && (parallel > 1 || prefill_rows)) {
         fprintf(stderr, "deltafin bench: --parallel and --prefill-rows measure the plain decode: they cannot be "
@@ -690,6 +718,7 @@ int bench_model(int argc, char **argv) {
         rc = bench_streams_prefill(&b, r.prefill_rows, &r.prefill_passes, &err);
         r.prefill_s = df_now() - t0;
         df_engine_stats(eng, &r.s1);
+        if (!rc) rc = bench_rank_snap(eng, &r, 0, &err);
         df_engine_profile_reset(eng);
         r.prefill_asked = r.s1.expert_requests - r.s0.expert_requests;
         uint64_t traced = 0;
@@ -711,6 +740,7 @@ int bench_model(int argc, char **argv) {
     if (!spec_path) r.decode_s = df_now() - t1;
     if (!rc && !spec_path) {
         df_engine_stats(eng, &r.s2);
+        rc = bench_rank_snap(eng, &r, 1, &err);
         df_engine_profile(eng, &r.prof);
         r.rss_peak = budget_rss_peak();
         r.n_layers = df_engine_info(eng)->n_layers;

@@ -33,5 +33,9 @@ int bench_fetch(int argc, char **argv);
  * ./models/default. Returns the variable's value, a path written into buf, or "models/default" after
  * saying on stderr where it looked when none of them holds a model. */
 const char *cli_default_model(char *buf, size_t cap);
+/* Expert parallelism: the commands that open a model (run, chat, logits, bench, serve, info) join the job an MPI
+ * launcher started them in (sets o->ranks). On a rank other than 0 this serves rank 0's engine until it closes
+ * and returns 1, *status being the exit code (an error is printed, naming cmd); alone or on rank 0 it returns 0. */
+int cli_rank_serve(df_engine_opts *o, const char *cmd, int *status);
 
 #endif

@@ -32,3 +32,18 @@ const char *cli_default_model(char *buf, size_t cap) {
                 slash ? exe : "(executable folder)", slash ? exe : "(executable folder)");
     return "models/default";
 }
+
+int cli_rank_serve(df_engine_opts *o, const char *cmd, int *status) {
+    o->ranks = DF_RANKS_LAUNCHER;
+    *status = 0;
+    if (df_launcher_rank() <= 0) return 0;
+    char defm[4096];
+    df_engine_opts w = *o;
+    if (!w.model_dir) w.model_dir = cli_default_model(defm, sizeof defm);
+    df_error err = {0};
+    if (df_engine_serve(&w, &err)) {
+        fprintf(stderr, "deltafin %s: %s\n", cmd, err.msg);
+        *status = 1;
+    }
+    return 1;
+}

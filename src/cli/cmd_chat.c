@@ -147,6 +147,8 @@ int cmd_chat(int argc, char **argv) {
         return c == 'h' ? 0 : 2;
     }
     if (cli_no_stray_args("chat", argc, argv, optind)) return 2;
+    int served;
+    if (cli_rank_serve(&go.eng, "chat", &served)) return served;
     cli_gen_pick_seed(&go);
     cli_sigint_block();
     df_error err = {0};

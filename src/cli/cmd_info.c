@@ -49,6 +49,8 @@ int cmd_info(int argc, char **argv) {
     if (cli_no_stray_args("info", argc, argv, optind)) return 2;
     char defm[4096];
     if (!opts.model_dir) opts.model_dir = cli_default_model(defm, sizeof defm);
+    int served;
+    if (cli_rank_serve(&opts, "info", &served)) return served;
     df_error err = {0};
     df_engine *eng = NULL;
     if (df_engine_open(&eng, &opts, &err)) {

@@ -47,6 +47,8 @@ int cmd_logits(int argc, char **argv) {
         usage();
         return 2;
     }
+    int served;
+    if (cli_rank_serve(&opts, "logits", &served)) return served;
     df_error err = {0};
     int32_t *pre = NULL, *dec = NULL;
     int np = 0, nd = 0;

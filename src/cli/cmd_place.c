@@ -10,7 +10,9 @@
 #include <string.h>
 #include <unistd.h>
 #include "cli.h"
+#include "cli_opts.h"
 #include "common/util.h"
+#include "dist/rank_plan.h"
 #include "install/dcache.h"
 #include "residency/expert_index.h"
 #include "residency/heat.h"
@@ -56,22 +58,70 @@ static double place_probe(const char *folder) {
     return mbps;
 }
 
+/* `--ranks N`: a rank plan by heat (rank_plan.h) and each rank's experts, replicas included, copied into its own
+ * folder, which gets its own placement (FOLDER/.deltafin/placement); placed anew each time. */
+static int place_ranks(const char *dir, int n, char *const *abs, const double *weights, int L, const int *ne,
+                       const place_src *const *src, const float *hv, df_error *err) {
+    rank_plan p;
+    rank_plan_build(&p, n, weights, L, ne, hv);
+    int rc = DF_OK;
+    place_src **mine = xcalloc((size_t)L + 1, sizeof *mine);
+    for (int l = 0; l < L; l++) mine[l] = xcalloc((size_t)ne[l] + 1, sizeof *mine[l]);
+    for (int r = 0; !rc && r < n; r++) {
+        char *meta = df_path_join(abs[r], PLACE_FILE), *data = df_path_join(abs[r], PLACE_DATA);
+        unlink(meta);
+        unlink(data);
+        free(meta);
+        free(data);
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < ne[l]; e++) {
+                mine[l][e] = src[l][e];
+                if (!rank_plan_holds(&p, r, l, e)) mine[l][e].length = 0;
+            }
+        int64_t placed = 0;
+        double one = 1;
+        const char *f = abs[r];
+        rc = placement_write(abs[r], 1, &f, &one, L, ne, (const place_src *const *)mine, hv, 0, &placed, err);
+        double share = 0, total = 0;
+        for (int l = 0; l < L; l++)
+            for (int e = 0; e < ne[l]; e++) {
+                double h = (hv ? hv[p.base[l] + e] : 0) + 1;
+                uint64_t m = p.holders[p.base[l] + e];
+                total += h;
+                if ((m >> r) & 1) share += h / __builtin_popcountll(m);
+            }
+        if (!rc) printf("rank %d: %s: %lld experts, %.1f %% of the expected reads\n", r, abs[r], (long long)placed,
+                        100 * share / (total > 0 ? total : 1));
+    }
+    if (!rc) rc = rank_plan_write(&p, dir, (const char *const *)abs, err);
+    for (int l = 0; l < L; l++) free(mine[l]);
+    free(mine);
+    rank_plan_free(&p);
+    return rc;
+}
+
 int cmd_place(int argc, char **argv) {
     static const struct option lo[] = {{"model", 1, 0, 'm'}, {"to", 1, 0, 't'}, {"weights", 1, 0, 'w'},
-                                       {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
+                                       {"ranks", 1, 0, 'r'}, {"help", 0, 0, 'h'}, {0, 0, 0, 0}};
     const char *dir = NULL, *to = NULL, *wt = NULL;
     int c;
+    long ranks = 0;
     optind = 1;
     while ((c = getopt_long(argc, argv, "m:t:w:h", lo, NULL)) != -1) {
         if (c == 'm') dir = optarg;
         else if (c == 't') to = optarg;
         else if (c == 'w') wt = optarg;
-        else {
+        else if (c == 'r') {
+            if (cli_parse_int("--ranks", optarg, 1, RANK_PLAN_MAX, &ranks) < 0) return 2;
+        } else {
             fprintf(c == 'h' ? stdout : stderr,
                     "usage: deltafin place -m DIR --to A,B[,...] [--weights W1,W2,...|auto]\n"
                     "  copies the routed experts into A/" PLACE_DATA ", B/..., each folder getting a share of the\n"
                     "  expected reads proportional to its weight (default equal; auto: each device's O_DIRECT read\n"
-                    "  bandwidth, measured on a 256 MiB probe file)\n");
+                    "  bandwidth, measured on a 256 MiB probe file)\n"
+                    "usage: deltafin place -m DIR --ranks N --to F0,...,F(N-1) [--weights ...]\n"
+                    "  expert parallelism (mpirun -np N): a rank plan by saved heat in DIR/.deltafin/ranks, the\n"
+                    "  hottest experts replicated; rank r's experts copied into Fr (its own disk), placed anew\n");
             return c == 'h' ? 0 : 2;
         }
     }
@@ -96,6 +146,10 @@ int cmd_place(int argc, char **argv) {
         weights[n++] = 1;
     }
     free(list);
+    if (!rc && ranks && n != ranks) {
+        fprintf(stderr, "deltafin place: --ranks %ld needs %ld folders in --to, one per rank; got %d\n", ranks, ranks, n);
+        rc = 2;
+    }
     if (!rc && wt && !strcmp(wt, "auto")) {
         for (int f = 0; f < n && !rc; f++) {
             weights[f] = place_probe(abs[f]);
@@ -146,9 +200,12 @@ int cmd_place(int argc, char **argv) {
         for (int i = 0; i < nh; i++) hv[base[hl[i]] + he[i]] = hw[i];
         int64_t placed = 0;
         double t0 = df_now();
-        rc = placement_write(dir, n, (const char *const *)abs, weights, L, ne, (const place_src *const *)src,
-                             nh ? hv : NULL, 1, &placed, &err);
+        if (ranks) rc = place_ranks(dir, n, abs, weights, L, ne, (const place_src *const *)src, nh ? hv : NULL, &err);
+        else rc = placement_write(dir, n, (const char *const *)abs, weights, L, ne, (const place_src *const *)src,
+                                  nh ? hv : NULL, 1, &placed, &err);
         if (rc) fprintf(stderr, "deltafin place: %s\n", err.msg);
+        else if (ranks) printf("%s: rank plan for %ld ranks written to %s/.deltafin/ranks%s\n", dir, ranks, dir,
+                               nh ? " (by saved heat)" : "");
         else printf("%s: %lld of %lld routed experts placed over %d folders in %.1f s%s\n", dir, (long long)placed,
                     (long long)total, n, df_now() - t0, nh ? " (spread by saved heat)" : "");
         rc = rc ? 1 : 0;

@@ -120,6 +120,8 @@ int cmd_run(int argc, char **argv) {
         fprintf(stderr, "deltafin run: --chat needs a text prompt (-p or -f), not --tokens\n");
         return 2;
     }
+    int served;
+    if (cli_rank_serve(&go.eng, "run", &served)) return served;
     cli_gen_pick_seed(&go);
     df_error err = {0};
     size_t text_len = text ? strlen(text) : 0;

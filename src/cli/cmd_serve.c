@@ -166,6 +166,13 @@ int cmd_serve(int argc, char **argv) {
     }
     char defm[4096];
     if (!o.model_dir) o.model_dir = cli_default_model(defm, sizeof defm);
+    int served;
+    eo.model_dir = o.model_dir;
+    eo.n_threads = o.n_threads;
+    if (cli_rank_serve(&eo, "serve", &served)) {
+        free(file_key);
+        return served;
+    }
     sigset_t set;
     sigemptyset(&set);
     sigaddset(&set, SIGINT);

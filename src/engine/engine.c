@@ -45,7 +45,88 @@ static void engine_state_share(const df_engine_opts *opts, store_opts *so) {
     free(path);
 }
 
-int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
+/* Expert parallelism: the rank plan for this job (config.json read ahead of the store, which takes this rank's
+ * expert mask at open), this rank's mask and folder. */
+static int engine_rank_plan(df_engine *e, const df_engine_opts *opts, store_opts *so, const char **folder,
+                            char **folder_own, df_error *err) {
+    int N = comm_size(e->comm), me = comm_rank(e->comm);
+    char *path = df_path_join(opts->model_dir, "config.json");
+    char *text = df_read_file_max(path, DF_JSON_FILE_MAX, NULL, err);
+    df_config c;
+    int rc = text ? config_parse(&c, text, path, err) : err->code;
+    free(text);
+    free(path);
+    if (rc) return rc;
+    int *ne = xcalloc((size_t)c.n_layers + 1, sizeof *ne);
+    for (int l = 0; l < c.n_layers; l++) ne[l] = c.ffn[l] == FFN_MOE ? c.n_experts : 0;
+    rc = rank_plan_load(&e->plan, opts->model_dir, c.n_layers, ne, N, err);
+    free(ne);
+    config_free(&c);
+    if (rc) return rc;
+    int64_t n = e->plan.base[e->plan.n_layers];
+    e->mask = xcalloc((size_t)n + 1, 1);
+    for (int64_t k = 0; k < n; k++) e->mask[k] = (uint8_t)((e->plan.holders[k] >> me) & 1);
+    *folder = e->plan.folders[me];
+    if (opts->expert_dirs) {   /* the rank folders under other names, in rank order */
+        char *list = xstrdup(opts->expert_dirs), *save = NULL, *tok = strtok_r(list, ",", &save);
+        for (int r = 0; tok && r < me; r++) tok = strtok_r(NULL, ",", &save);
+        if (tok) *folder = *folder_own = xstrdup(tok);
+        free(list);
+        if (!*folder_own)
+            return df_error_set(err, DF_EINVAL, "rank %d: --expert-dirs %s names no folder for it (%d ranks)", me,
+                                opts->expert_dirs, N), DF_EINVAL;
+    }
+    so->expert_mask = e->mask;
+    so->expert_dirs = NULL;
+    so->placement_dir = e->plan.from_file || opts->expert_dirs ? *folder : NULL;
+    so->lookahead = DF_LOOKAHEAD_OFF;   /* a guess would read experts other ranks compute */
+    if (me > 0) {   /* the spine is rank 0's: nothing of it is read or budgeted here */
+        so->experts_only = 1;
+        so->preload = DF_PRELOAD_OFF;
+        so->heat = DF_HEAT_OFF;
+        so->trace_routing = NULL;
+    }
+    return DF_OK;
+}
+
+/* Every expert the plan gives this rank is in its folder (or cannot be placed, and is read from the shards). */
+static int engine_check_share(df_engine *e, const char *folder, df_error *err) {
+    const rank_plan *p = &e->plan;
+    int me = comm_rank(e->comm);
+    for (int l = 0; l < p->n_layers; l++) {
+        int n = (int)(p->base[l + 1] - p->base[l]);
+        if (store_expert_count(e->store, l) != n)
+            return df_error_set(err, DF_EFORMAT, "rank %d: %s: layer %d has %d routed experts, its config %d", me,
+                                store_dir(e->store), l, store_expert_count(e->store, l), n), DF_EFORMAT;
+        for (int x = 0; p->from_file && x < n; x++)
+            if (e->mask[p->base[l] + x] && !store_expert_placed(e->store, l, x))
+                return df_error_set(err, DF_EIO, "rank %d: its expert folder %s lacks expert %d of layer %d, which the "
+                                    "rank plan %s/%s gives it (copy it there with deltafin place --ranks %d)", me,
+                                    folder ? folder : "(none)", x, l, store_dir(e->store), RANK_PLAN_FILE,
+                                    p->n_ranks), DF_EIO;
+    }
+    return DF_OK;
+}
+
+static void engine_close(df_engine *e) {
+    if (e->ep) ep_leader_close(e->ep);
+    int failed = e->comm && comm_failed(e->comm);
+    model_free(&e->model);
+    free(e->pass_tokens);
+    free(e->pass_seg);
+    kern_free(&e->kern);
+    config_free(&e->model.cfg);
+    store_free(e->store);
+    rank_plan_free(&e->plan);
+    free(e->mask);
+    comm_close(e->comm, failed);
+    free(e);
+}
+
+/* Opens the engine of this process: alone, rank 0 of a job (with the other ranks greeted), or another rank's
+ * share (worker). On a worker's failure *comm_out and *plan_out keep the job so the caller can tell rank 0 why. */
+static int engine_open(df_engine **out, const df_engine_opts *opts, int worker, dist_comm **comm_out,
+                       rank_plan **plan_out, df_error *err) {
     *out = NULL;
     if (!opts || !opts->model_dir) {
         df_error_set(err, DF_EINVAL, "no model folder given");
@@ -60,44 +141,68 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                      .head_tile_rows = opts->head_tile_rows,
                      .spine_part_bytes = opts->spine_part_bytes > 0 ? (uint64_t)opts->spine_part_bytes : 0,
                      .expert_dirs = opts->expert_dirs, .preload = opts->preload};
-    if (opts->ctx_tokens > 0) engine_state_share(opts, &so);
-    int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
-    if (rc) {
-        free(e);
-        return rc;
+    const char *folder = NULL;
+    char *folder_own = NULL;
+    int rc = DF_OK, multi = 0;
+    if (opts->ranks == DF_RANKS_LAUNCHER) {
+        rc = comm_open(&e->comm, NULL, NULL, err);
+        multi = !rc && comm_size(e->comm) > 1;
+        if (!rc && (multi ? comm_rank(e->comm) > 0 : 0) != worker)
+            rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "rank %d of %d: %s", comm_rank(e->comm), comm_size(e->comm),
+                                         worker ? "only the other ranks of a job serve their share"
+                                                : "ranks other than 0 serve their share (df_engine_serve)");
+        if (!rc && multi) rc = engine_rank_plan(e, opts, &so, &folder, &folder_own, err);
+    } else if (worker) {
+        rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "df_engine_serve needs opts.ranks = DF_RANKS_LAUNCHER");
     }
-    char *cfg_path = df_path_join(opts->model_dir, "config.json");
-    rc = config_parse(&e->model.cfg, store_config_text(e->store), cfg_path, err);
-    free(cfg_path);
-    if (rc) {
-        store_free(e->store);
-        free(e);
-        return rc;
+    if (!rc && opts->ctx_tokens > 0 && !worker) engine_state_share(opts, &so);
+    if (!rc) rc = store_open_ex(&e->store, opts->model_dir, &so, err);
+    if (!rc && multi) rc = engine_check_share(e, folder, err);
+    int cfg = 0, kern = 0;
+    if (!rc) {
+        char *cfg_path = df_path_join(opts->model_dir, "config.json");
+        rc = config_parse(&e->model.cfg, store_config_text(e->store), cfg_path, err);
+        cfg = !rc;
+        free(cfg_path);
     }
     int threads = opts->n_threads > 0 ? opts->n_threads : (int)sysconf(_SC_NPROCESSORS_ONLN);
-    if (kern_init(&e->kern, threads, opts->isa)) {
-        df_error_set(err, DF_EUNSUPPORTED, "kernel ISA \"%s\" is not available on this CPU or build",
-                     opts->isa ? opts->isa : getenv("DELTAFIN_ISA"));
-        config_free(&e->model.cfg);
-        store_free(e->store);
-        free(e);
-        return DF_EUNSUPPORTED;
+    if (!rc && !(kern = !kern_init(&e->kern, threads, opts->isa)))
+        rc = DF_EUNSUPPORTED, df_error_set(err, DF_EUNSUPPORTED, "kernel ISA \"%s\" is not available on this CPU or "
+                                           "build", opts->isa ? opts->isa : getenv("DELTAFIN_ISA"));
+    int model = 0;
+    if (!rc) {
+        e->model.store = e->store;
+        e->model.kern = &e->kern;
+        e->model.alog_per_channel = opts->alog_per_channel;
+        e->model.dir = store_dir(e->store);
+        if (so.state_tokens > 0) e->model.cfg.max_ctx = DF_MIN(e->model.cfg.max_ctx, so.state_tokens);
+        const df_config *c = &e->model.cfg;
+        e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
+                                  c->eos_id, c->max_ctx};
+        /* the scratch arena holds a pass of the server's slots or of a prompt's chunk without growing */
+        e->pass_rows = engine_fit_pass_rows(e);
+        rc = model_init(&e->model, e->pass_rows, err);
+        model = !rc;
     }
-    e->model.store = e->store;
-    e->model.kern = &e->kern;
-    e->model.alog_per_channel = opts->alog_per_channel;
-    e->model.dir = store_dir(e->store);
-    if (so.state_tokens > 0) e->model.cfg.max_ctx = DF_MIN(e->model.cfg.max_ctx, so.state_tokens);
-    const df_config *c = &e->model.cfg;
-    e->info = (df_model_info){c->is_k3 ? "kimi_k3" : "kimi_linear", c->vocab, c->d, c->n_layers, c->bos_id,
-                              c->eos_id, c->max_ctx};
-    /* the scratch arena holds a pass of the server's slots or of a prompt's chunk without growing */
-    e->pass_rows = engine_fit_pass_rows(e);
-    rc = model_init(&e->model, e->pass_rows, err);
+    if (!rc && multi && !worker) {
+        rc = ep_leader_open(&e->ep, e->comm, &e->model, &e->plan, e->kern.k->isa, err);
+        if (!rc) e->model.peers = ep_peers(e->ep);
+    }
+    free(folder_own);
     if (rc) {
-        kern_free(&e->kern);
-        config_free(&e->model.cfg);
+        if (model) model_free(&e->model);
+        if (kern) kern_free(&e->kern);
+        if (cfg) config_free(&e->model.cfg);
         store_free(e->store);
+        if (worker && comm_out && e->comm) {   /* the caller tells rank 0 */
+            *comm_out = e->comm;
+            *plan_out = xmalloc(sizeof **plan_out);
+            **plan_out = e->plan;
+        } else {
+            rank_plan_free(&e->plan);
+            comm_close(e->comm, 1);
+        }
+        free(e->mask);
         free(e);
         return rc;
     }
@@ -105,15 +210,90 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     return DF_OK;
 }
 
+int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
+    return engine_open(out, opts, 0, NULL, NULL, err);
+}
+
+int df_launcher_rank(void) {
+    static const char *const vars[] = {"OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"};
+    for (size_t i = 0; i < sizeof vars / sizeof *vars; i++) {
+        const char *v = getenv(vars[i]);
+        if (v && *v) return atoi(v);
+    }
+    return 0;
+}
+
+int df_engine_serve(const df_engine_opts *opts, df_error *err) {
+    df_engine *e = NULL;
+    dist_comm *comm = NULL;
+    rank_plan *plan = NULL;
+    int rc = engine_open(&e, opts, 1, &comm, &plan, err);
+    if (rc && !comm) return rc;
+    if (rc) {   /* tell rank 0 why, then stay until it ends the job (leaving first could cut its message short) */
+        df_error why = *err, e2 = {0};
+        ep_serve(comm, NULL, plan, "", "", &why, &e2);
+        dist_buf b = {0};
+        comm_recv(comm, 0, DIST_TAG_JOB, &b, 64, 4 * comm_timeout(comm), &e2);
+        dist_buf_free(&b);
+        rank_plan_free(plan);
+        free(plan);
+        comm_close(comm, 1);
+        return rc;
+    }
+    const char *folder = e->plan.folders[comm_rank(e->comm)];
+    rc = ep_serve(e->comm, &e->model, &e->plan, e->kern.k->isa, folder, NULL, err);
+    if (rc) comm_fail(e->comm);
+    engine_close(e);
+    return rc;
+}
+
 void df_engine_free(df_engine *e) {
-    if (!e) return;
-    model_free(&e->model);
-    free(e->pass_tokens);
-    free(e->pass_seg);
-    kern_free(&e->kern);
-    config_free(&e->model.cfg);
-    store_free(e->store);
-    free(e);
+    if (e) engine_close(e);
+}
+
+int df_engine_ranks(const df_engine *e) { return e->ep ? ep_ranks(e->ep) : 1; }
+
+int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
+    memset(out, 0, sizeof *out);
+    if (r < 0 || r >= df_engine_ranks(e))
+        return df_error_set(err, DF_EINVAL, "no rank %d (the engine has %d)", r, df_engine_ranks(e)), DF_EINVAL;
+    if (!e->ep) {
+        store_stats ss;
+        store_get_stats(e->store, &ss);
+        if (gethostname(out->host, sizeof out->host - 1)) snprintf(out->host, sizeof out->host, "localhost");
+        for (int l = 0; l < e->model.cfg.n_layers; l++) out->experts_held += store_expert_count(e->store, l);
+        out->cache_slots = ss.cache_slots;
+        out->cache_bytes = ss.cache_bytes;
+        out->expert_disk_bytes = ss.expert_disk_bytes;
+        out->expert_hits = ss.expert_hits;
+        out->expert_misses = ss.expert_misses;
+        return DF_OK;
+    }
+    int rc = ep_refresh_stats(e->ep, err);
+    const ep_rank_info *in = ep_rank(e->ep, r);
+    snprintf(out->host, sizeof out->host, "%s", in->host);
+    snprintf(out->folder, sizeof out->folder, "%s", in->folder);
+    out->experts_held = in->held;
+    out->experts_shared = in->computed;
+    out->cache_slots = in->cache_slots;
+    out->cache_bytes = in->cache_bytes;
+    out->expert_disk_bytes = in->expert_disk_bytes;
+    out->expert_hits = in->expert_hits;
+    out->expert_misses = in->expert_misses;
+    return rc;
+}
+
+void df_engine_net_stats(const df_engine *e, df_net_stats *out) {
+    memset(out, 0, sizeof *out);
+    if (!e->comm) return;
+    dist_counters n;
+    comm_counters(e->comm, &n);
+    *out = (df_net_stats){n.bytes_sent, n.bytes_recv, n.msgs_sent, n.wait_s};
+}
+
+int df_engine_health(const df_engine *e, char *why, size_t cap) {
+    if (cap) why[0] = 0;
+    return e->ep ? ep_health(e->ep, why, cap) : DF_OK;
 }
 
 const df_model_info *df_engine_info(const df_engine *e) { return &e->info; }
@@ -161,6 +341,17 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
         n += snprintf(buf + n, cap - n, "working memory: %.1f MiB of scratch for passes of up to %d rows\n",
                       (double)e->model.sc.cap / (1 << 20), df_engine_pass_rows(e));
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
+    n = (int)strlen(buf);
+    if (e->ep && n < (int)cap)
+        n += snprintf(buf + n, cap - n, "ranks: %d (expert parallel; rank plan: %s)\n", ep_ranks(e->ep),
+                      e->plan.from_file ? RANK_PLAN_FILE : "expert e on rank e mod N, read from the model folder");
+    for (int r = 0; e->ep && r < ep_ranks(e->ep) && n < (int)cap; r++) {
+        const ep_rank_info *in = ep_rank(e->ep, r);
+        n += snprintf(buf + n, cap - n, "  rank %d on %s: holds %lld routed experts (%lld also held elsewhere), "
+                      "%d cache slots (%.1f MiB), reads %s\n", r, in->host, (long long)in->held,
+                      (long long)in->computed, in->cache_slots, (double)in->cache_bytes / (1 << 20),
+                      in->folder[0] ? in->folder : "the model folder's shards");
+    }
     return DF_OK;
 }
 

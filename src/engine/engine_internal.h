@@ -4,6 +4,9 @@
 #define DF_ENGINE_INTERNAL_H
 
 #include "deltafin.h"
+#include "dist/comm.h"
+#include "dist/ep.h"
+#include "dist/rank_plan.h"
 #include "model/model.h"
 
 struct df_engine {
@@ -18,6 +21,11 @@ struct df_engine {
     int32_t *pass_tokens;
     model_seg *pass_seg;
     int pass_tokens_cap, pass_seg_cap;
+    /* expert parallelism (opts.ranks): the job, the plan, this rank's experts, rank 0's side of the exchange */
+    dist_comm *comm;
+    rank_plan plan;
+    uint8_t *mask;
+    dist_ep *ep;
 };
 
 struct df_session {

@@ -11,6 +11,34 @@
 #include "scratch.h"
 #include "weights.h"
 
+/* Expert parallelism (src/dist computes the other ranks' share): one MoE layer's routed experts of a pass, as
+ * rank 0 hands them out. Every array is the job's; rank[] is filled by model_peers.assign. Groups: consecutive
+ * runs of uniq, [group_end[g-1], group_end[g]), whose outputs fit the expert output pool at once (a decode
+ * batch is one group, a long prompt several). */
+typedef struct moe_job {
+    int layer, T, k, Dz;
+    const int *ids;            /* [T, k] the routing */
+    const float *wts;          /* [T, k] its weights */
+    const float *z;            /* [T, Dz] what the experts take (the latent rows, or the normed hidden rows) */
+    int n_uniq;
+    const int *uniq;           /* experts of the union, ascending */
+    const int *rows;           /* [n_uniq] rows routed to each */
+    int *rank;                 /* [n_uniq] the rank computing each */
+    int n_groups;
+    const int *group_end;      /* [n_groups] */
+} moe_job;
+
+/* The other ranks, as rank 0's MoE layers see them. assign chooses who computes each expert (deterministic);
+ * dispatch sends the job to the ranks that have a share; collect receives group g's outputs computed elsewhere:
+ * out[u] (NULL for those rank 0 computes) gets rows[u] x Dz floats, each row its routing weight x the expert's
+ * output, exactly what rank 0 would have computed. */
+typedef struct model_peers {
+    void *ctx;
+    void (*assign)(void *ctx, moe_job *job);
+    int (*dispatch)(void *ctx, const moe_job *job, df_error *err);
+    int (*collect)(void *ctx, const moe_job *job, int g, float *const *out, df_error *err);
+} model_peers;
+
 typedef struct df_model {
     df_config cfg;
     df_store *store;           /* borrowed */
@@ -20,6 +48,7 @@ typedef struct df_model {
     df_profile prof;           /* accumulated phase times; spine_compute is derived at read time */
     model_weights w;           /* bound at model_init */
     scratch sc;                /* the working memory of a pass (one pass at a time) */
+    const model_peers *peers;  /* NULL: this process computes every expert */
 } df_model;
 
 /* After cfg, store, kern, dir and alog_per_channel are set: binds the weights (model_weights_bind) and sizes
@@ -110,6 +139,13 @@ void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *
  * recurrence and MLA attention per session on its own state. Appends to every state. A single session's
  * evaluation is the one-segment case. */
 int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err);
+/* Another rank's side of expert parallelism: computes the experts of group g of job that rank me is assigned
+ * (the job checked by the caller), writing their outputs one after another in ascending order of uniq into out
+ * (rows[u] x Dz floats each). With g == 0 it first asks storage for all of this rank's experts of the job. */
+int moe_job_serve(df_model *m, const moe_job *job, int me, int g, float *out, df_error *err);
+/* The groups the expert output pool cuts a union into (see moe_job); returns their count. */
+int moe_job_groups(const df_config *c, int T, const int *rows, int n_uniq, int *group_end);
+
 /* Reads every layer's spine once (the tensors' names, shapes and dtypes were checked at model_init). */
 int model_check(df_model *m, df_error *err);
 

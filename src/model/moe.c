@@ -209,12 +209,10 @@ static int expert_run(df_fwd *f, const df_expert *ex, expert_part *p, const floa
     return DF_OK;
 }
 
-/* Runs parts [0, n) in the order storage delivers them (compute on early arrivals overlaps the reads of the
- * rest), their outputs laid out in the pool. */
-static int experts_run_group(df_fwd *f, const int *ids, expert_part *p, int n, uint8_t *done, float *pool,
-                             const float *z) {
-    int Dz = config_expert_dim(&f->m->cfg), rc = DF_OK;
-    for (int u = 0, at = 0; u < n; at += p[u++].n) p[u].out = pool + (int64_t)at * Dz;
+/* Runs parts [0, n) (their outputs already placed) in the order storage delivers them: compute on early
+ * arrivals overlaps the reads of the rest. */
+static int experts_run_group(df_fwd *f, const int *ids, expert_part *p, int n, uint8_t *done, const float *z) {
+    int rc = DF_OK;
     for (int got = 0; !rc && got < n; got++) {
         df_expert ex;
         int u = -1;
@@ -229,19 +227,59 @@ static int experts_run_group(df_fwd *f, const int *ids, expert_part *p, int n, u
     return rc;
 }
 
+int moe_job_groups(const df_config *c, int T, const int *rows, int n_uniq, int *group_end) {
+    int64_t cap = expert_pool_rows(c, T);
+    int n = 0;
+    for (int g0 = 0, g1; g0 < n_uniq; g0 = g1) {
+        int64_t used = 0;
+        for (g1 = g0; g1 < n_uniq && (g1 == g0 || used + rows[g1] <= cap); g1++) used += rows[g1];
+        group_end[n++] = g1;
+    }
+    return n;
+}
+
+/* Of the group's parts [g0, g1), those rank me computes (all of them without a job), with their ids, copied
+ * into sub / sub_ids; returns how many. */
+static int experts_of_rank(const moe_job *job, int me, const int *uniq, const expert_part *p, int g0, int g1,
+                           expert_part *sub, int *sub_ids) {
+    int n = 0;
+    for (int u = g0; u < g1; u++)
+        if (!job || job->rank[u] == me) sub[n] = p[u], sub_ids[n++] = uniq[u];
+    return n;
+}
+
 /* Runs the batch's experts group by group (all of them in one group unless the batch is a long prompt), and
  * adds their outputs into y [T, Dz] in ascending expert order: float addition is not associative, so a fixed
- * order keeps results independent of arrival order, grouping, cache state and read-ahead. */
-static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, float *y) {
-    int Dz = config_expert_dim(&f->m->cfg), rc = DF_OK;
+ * order keeps results independent of arrival order, grouping, cache state, read-ahead and of which rank
+ * computed which expert. With a job (expert parallelism), rank 0 runs its own share of each group while the
+ * other ranks run theirs, then takes their outputs into the pool before adding. */
+static int experts_apply(df_fwd *f, const df_routing *r, expert_part *p, const moe_job *job, const float *z, int T,
+                         float *y) {
+    const df_config *c = &f->m->cfg;
+    int Dz = config_expert_dim(c), rc = DF_OK, nu = r->n_uniq;
     size_t mark = scratch_mark(f->sc);
-    expert_part *p = expert_parts(f, r, T);
-    uint8_t *done = scratch_zalloc(f->sc, (size_t)r->n_uniq + 1);
-    int64_t cap = expert_pool_rows(&f->m->cfg, T), rows = 0;
-    float *pool = SCRATCH_F32(f->sc, cap * Dz);
-    for (int g0 = 0, g1; !rc && g0 < r->n_uniq; g0 = g1) {
-        for (g1 = g0, rows = 0; g1 < r->n_uniq && rows + p[g1].n <= cap; g1++) rows += p[g1].n;
-        rc = experts_run_group(f, r->uniq + g0, p + g0, g1 - g0, done + g0, pool, z);
+    uint8_t *done = scratch_zalloc(f->sc, (size_t)nu + 1);
+    int *rows = SCRATCH_NEW(f->sc, int, nu + 1), *ends = SCRATCH_NEW(f->sc, int, nu + 1);
+    int *sub_ids = SCRATCH_NEW(f->sc, int, nu + 1);
+    expert_part *sub = SCRATCH_NEW(f->sc, expert_part, nu + 1);
+    float **remote = SCRATCH_NEW(f->sc, float *, nu + 1);
+    for (int u = 0; u < nu; u++) rows[u] = p[u].n;
+    int n_groups = job ? job->n_groups : moe_job_groups(c, T, rows, nu, ends);
+    const int *group_end = job ? job->group_end : ends;
+    float *pool = SCRATCH_F32(f->sc, expert_pool_rows(c, T) * Dz);
+    for (int g = 0, g0 = 0; !rc && g < n_groups; g0 = group_end[g++]) {
+        int g1 = group_end[g];
+        for (int u = g0, at = 0; u < g1; at += p[u++].n) {
+            p[u].out = pool + (int64_t)at * Dz;
+            remote[u] = job && job->rank[u] != 0 ? p[u].out : NULL;
+        }
+        int n = experts_of_rank(job, 0, r->uniq, p, g0, g1, sub, sub_ids);
+        rc = experts_run_group(f, sub_ids, sub, n, done + g0, z);
+        if (!rc && job) {
+            double t0 = df_now();
+            rc = f->m->peers->collect(f->m->peers->ctx, job, g, remote, f->err);
+            model_clock(&f->m->prof.expert_read, t0);
+        }
         for (int u = g0; !rc && u < g1; u++)
             for (int i = 0; i < p[u].n; i++) {
                 float *dst = y + (int64_t)p[u].rows[i] * Dz;
@@ -250,6 +288,27 @@ static int experts_apply(df_fwd *f, const df_routing *r, const float *z, int T, 
             }
     }
     scratch_release(f->sc, mark);
+    return rc;
+}
+
+int moe_job_serve(df_model *m, const moe_job *job, int me, int g, float *out, df_error *err) {
+    df_fwd f = {.m = m, .layer = job->layer, .sc = &m->sc, .err = err, .w = &m->w.layers[job->layer]};
+    size_t mark = scratch_mark(f.sc);
+    df_routing r = {(int *)job->ids, (float *)job->wts, (int *)job->uniq, job->n_uniq};
+    expert_part *p = expert_parts(&f, &r, job->T);
+    int nu = job->n_uniq, rc = DF_OK;
+    int *sub_ids = SCRATCH_NEW(f.sc, int, nu + 1);
+    expert_part *sub = SCRATCH_NEW(f.sc, expert_part, nu + 1);
+    if (g == 0) {
+        int n = experts_of_rank(job, me, job->uniq, p, 0, nu, sub, sub_ids);
+        rc = store_experts_prefetch(m->store, job->layer, sub_ids, n, err);
+    }
+    int g0 = g ? job->group_end[g - 1] : 0, at = 0;
+    int n = experts_of_rank(job, me, job->uniq, p, g0, job->group_end[g], sub, sub_ids);
+    for (int i = 0; i < n; at += sub[i++].n) sub[i].out = out + (int64_t)at * job->Dz;
+    uint8_t *done = scratch_zalloc(f.sc, (size_t)n + 1);
+    if (!rc) rc = experts_run_group(&f, sub_ids, sub, n, done, job->z);
+    scratch_release(f.sc, mark);
     return rc;
 }
 
@@ -304,8 +363,28 @@ size_t moe_guess_scratch_bytes(const df_config *c, int T) {
            3 * scratch_size(c->n_experts, sizeof(int));
 }
 
+/* With other ranks (expert parallelism): who computes each expert of the union, and the job they get. Storage
+ * counts the whole union (heat, traces) but reads only rank 0's share. */
+static int moe_job_start(df_fwd *f, const df_routing *r, const expert_part *p, const float *z, int T, moe_job *job) {
+    const df_config *c = &f->m->cfg;
+    int nu = r->n_uniq;
+    int *rows = SCRATCH_NEW(f->sc, int, nu + 1), *ends = SCRATCH_NEW(f->sc, int, nu + 1);
+    int *rank = SCRATCH_NEW(f->sc, int, nu + 1), *mine = SCRATCH_NEW(f->sc, int, nu + 1), n = 0;
+    for (int u = 0; u < nu; u++) rows[u] = p[u].n;
+    *job = (moe_job){f->layer, T, c->topk, config_expert_dim(c), r->ids, r->wts, z, nu, r->uniq, rows, rank,
+                     moe_job_groups(c, T, rows, nu, ends), ends};
+    f->m->peers->assign(f->m->peers->ctx, job);
+    for (int u = 0; u < nu; u++)
+        if (!rank[u]) mine[n++] = r->uniq[u];
+    int rc = store_experts_note(f->m->store, f->layer, r->uniq, nu, f->err);
+    if (!rc) rc = store_experts_read(f->m->store, f->layer, mine, n, f->err);
+    if (!rc) rc = f->m->peers->dispatch(f->m->peers->ctx, job, f->err);
+    return rc;
+}
+
 /* Routing first, then the reads are issued; everything that needs no routed expert (the shared experts, the
- * latent down-projection) runs while they are in flight, then the routed experts in arrival order. */
+ * latent down-projection) runs while they are in flight, then the routed experts in arrival order. With other
+ * ranks the latent rows come first, since their share needs them. */
 int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
@@ -315,19 +394,26 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     size_t mark = scratch_mark(f->sc);
     df_routing r;
     route_batch(f, w, x, T, &r);
-    rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
+    expert_part *p = expert_parts(f, &r, T);
+    moe_job job, *jp = f->m->peers ? &job : NULL;
     float *z = NULL, *y = NULL, *sh = NULL;
+    if (!jp) rc = store_experts_prefetch(f->m->store, f->layer, r.uniq, r.n_uniq, f->err);
+    if (!rc && jp && w->latent_down) {
+        z = SCRATCH_F32(f->sc, (int64_t)T * Dz);
+        rc = fwd_matmul(f, w->latent_down, x, T, z);
+    }
+    if (!rc && jp) rc = moe_job_start(f, &r, p, z ? z : x, T, jp);
     if (!rc && w->shared.gate) {
         sh = SCRATCH_F32(f->sc, (int64_t)T * c->d);
         rc = ffn_dense_forward(f, &w->shared, x, T, sh);
     }
-    if (!rc && w->latent_down) {
+    if (!rc && !jp && w->latent_down) {
         z = SCRATCH_F32(f->sc, (int64_t)T * Dz);
         rc = fwd_matmul(f, w->latent_down, x, T, z);
     }
     if (!rc) {
         y = scratch_zalloc(f->sc, (size_t)T * Dz * sizeof(float));
-        rc = experts_apply(f, &r, z ? z : x, T, y);
+        rc = experts_apply(f, &r, p, jp, z ? z : x, T, y);
     }
     if (!rc && w->latent_up) {
         for (int t = 0; w->latent_norm && t < T; t++)
@@ -350,5 +436,8 @@ size_t moe_scratch_bytes(const df_config *c, int T) {
                    scratch_size((size_t)T * k, sizeof(int)) + scratch_size((size_t)T * k, sizeof(float)) +
                    scratch_size((size_t)expert_pool_rows(c, T) * Dz, sizeof(float)) + scratch_size((size_t)E + 1, 1);
     size_t run = tz + glu_scratch_bytes(c->moe_inter, T);
-    return route + shared + 2 * tz + parts + run;
+    size_t apply = 3 * scratch_size((size_t)E + 1, sizeof(int)) + scratch_size((size_t)E + 1, sizeof(expert_part)) +
+                   scratch_size((size_t)E + 1, sizeof(float *));
+    size_t job = 4 * scratch_size((size_t)E + 1, sizeof(int));
+    return route + shared + 2 * tz + parts + run + apply + job;
 }

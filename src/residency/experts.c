@@ -107,7 +107,19 @@ static void store_expert_locate_init(df_store *st, store_expert *x) {
     loc->length = loc->contiguous ? end - loc->offset : 0;
 }
 
+int64_t store_expert_index(const df_store *st, int layer, int e) { return st->expert_base[layer] + e; }
+
+int store_expert_placed(const df_store *st, int layer, int e) {
+    int f = -1;
+    uint64_t off, len;
+    if (!st->experts[layer][e].loc.contiguous) return 1;
+    if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &off, &len);
+    return f >= 0;
+}
+
 int experts_build(df_store *st, df_error *err) {
+    st->expert_base = xcalloc((size_t)st->n_layers + 1, sizeof *st->expert_base);
+    for (int l = 0; l < st->n_layers; l++) st->expert_base[l + 1] = st->expert_base[l] + st->n_experts[l];
     for (int l = 0; l < st->n_layers; l++) {
         for (int e = 0; e < st->n_experts[l]; e++) {
             store_expert *x = &st->experts[l][e];
@@ -247,19 +259,41 @@ static int store_expert_check_range(const df_store *st, int layer, int e, df_err
                         layer, store_expert_count(st, layer)), DF_EINVAL;
 }
 
-int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err) {
+/* In range and, with a mask, this rank's to read. */
+static int store_expert_check_mine(const df_store *st, int layer, int e, df_error *err) {
+    int rc = store_expert_check_range(st, layer, e, err);
+    if (!rc && st->opts.expert_mask && !st->opts.expert_mask[st->expert_base[layer] + e])
+        rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "%s: expert %d of layer %d is not this rank's to read (the rank "
+                                     "plan gives it to others)", st->dir, e, layer);
+    return rc;
+}
+
+int store_experts_note(df_store *st, int layer, const int *ids, int n, df_error *err) {
     for (int i = 0; i < n; i++) {
         int rc = store_expert_check_range(st, layer, ids[i], err);
         if (rc) return rc;
     }
-    atomic_fetch_add(&st->expert_requests, (uint64_t)n);
     if (st->trace && n) {
         int rc = rtrace_writer_record(st->trace, layer, ids, n, err);
         if (rc) return rc;
     }
     if (st->heat && n) heat_add(st->heat, layer, ids, n);
+    return DF_OK;
+}
+
+int store_experts_read(df_store *st, int layer, const int *ids, int n, df_error *err) {
+    for (int i = 0; i < n; i++) {
+        int rc = store_expert_check_mine(st, layer, ids[i], err);
+        if (rc) return rc;
+    }
+    atomic_fetch_add(&st->expert_requests, (uint64_t)n);
     if (n) ecache_prefetch(st->cache, layer, ids, n);
     return DF_OK;
+}
+
+int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err) {
+    int rc = store_experts_note(st, layer, ids, n, err);
+    return rc ? rc : store_experts_read(st, layer, ids, n, err);
 }
 
 int store_lookahead_plan(df_store *st, int layer, int *read_ranks) {
@@ -270,7 +304,9 @@ int store_lookahead_plan(df_store *st, int layer, int *read_ranks) {
 void store_experts_hint(df_store *st, int layer, const int *ids, const int *rank, int n, int read_ranks) {
     int *ok = xmalloc(sizeof *ok * 2 * ((size_t)n + 1)), *ok_rank = ok + n + 1, m = 0;
     for (int i = 0; i < n; i++)
-        if (store_expert_locate(st, layer, ids[i])) ok_rank[m] = rank[i], ok[m++] = ids[i];
+        if (store_expert_locate(st, layer, ids[i]) &&
+            (!st->opts.expert_mask || st->opts.expert_mask[st->expert_base[layer] + ids[i]]))
+            ok_rank[m] = rank[i], ok[m++] = ids[i];
     if (m) ecache_hint(st->cache, layer, ok, ok_rank, m, read_ranks);
     free(ok);
 }
@@ -286,7 +322,7 @@ void store_lookahead_layer(df_store *st, int layer, df_layer_lookahead *out) {
 }
 
 int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_error *err) {
-    int rc = store_expert_check_range(st, layer, e, err);
+    int rc = store_expert_check_mine(st, layer, e, err);
     if (rc) return rc;
     return ecache_acquire(st->cache, layer, e, out, err);
 }
@@ -294,7 +330,7 @@ int store_expert_acquire(df_store *st, int layer, int e, df_expert *out, df_erro
 int store_expert_acquire_next(df_store *st, int layer, const int *ids, int n, uint8_t *done, int *which,
                               df_expert *out, df_error *err) {
     for (int i = 0; i < n; i++) {
-        int rc = done[i] ? DF_OK : store_expert_check_range(st, layer, ids[i], err);
+        int rc = done[i] ? DF_OK : store_expert_check_mine(st, layer, ids[i], err);
         if (rc) return *which = i, rc;
     }
     return ecache_acquire_next(st->cache, layer, ids, n, done, which, out, err);

@@ -132,10 +132,15 @@ static int store_policy_open(df_store *st, df_error *err) {
     if (st->opts.heat == DF_HEAT_ON) {   /* warm with the hottest, as many as there are slots */
         ecache_stats cs;
         ecache_get_stats(st->cache, &cs);
-        int *layers = xmalloc(sizeof *layers * (size_t)cs.slots), *ids = xmalloc(sizeof *ids * (size_t)cs.slots);
-        float *w = xmalloc(sizeof *w * (size_t)cs.slots);
-        int n = heat_top(st->heat, cs.slots, layers, ids, w);
-        if (n) ecache_warm(st->cache, n, layers, ids, w);
+        const uint8_t *mask = st->opts.expert_mask;   /* a rank warms only the experts it computes */
+        int cap = mask ? (int)st->n_experts_total : cs.slots;
+        int *layers = xmalloc(sizeof *layers * (size_t)(cap + 1)), *ids = xmalloc(sizeof *ids * (size_t)(cap + 1));
+        float *w = xmalloc(sizeof *w * (size_t)(cap + 1));
+        int n = heat_top(st->heat, cap, layers, ids, w), k = 0;
+        for (int i = 0; i < n && k < cs.slots; i++)
+            if (!mask || mask[store_expert_index(st, layers[i], ids[i])])
+                layers[k] = layers[i], ids[k] = ids[i], w[k++] = w[i];
+        if (k) ecache_warm(st->cache, k, layers, ids, w);
         free(layers);
         free(ids);
         free(w);
@@ -304,8 +309,9 @@ int plan_build(df_store *st, df_error *err) {
     uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
     st->min_slots = min_slots;
     st->min_budget = store_min_budget(st, min_cache) + state;
-    if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->opts.spine_part_bytes ||
-        st->reserve_bytes + st->spine_bytes + min_cache > budget) {
+    if (st->opts.experts_only) spine_used = 0;   /* never touched: mapped, nothing read, nothing budgeted */
+    else if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->opts.spine_part_bytes ||
+             st->reserve_bytes + st->spine_bytes + min_cache > budget) {
         int n_units = 0, tiled = st->opts.head_tile_rows > 0;
         spine_unit *u = NULL;
         uint64_t part = st->opts.spine_part_bytes, need = store_stream_plan(st, budget, min_cache, tiled, part, &u,

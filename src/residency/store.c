@@ -18,7 +18,8 @@
 /* Experts placed in other folders: checked against the checkpoint's spans, read from file n_shards + folder. */
 static int store_open_place(df_store *st, df_error *err) {
     int found = 0;
-    int rc = placement_load(&st->place, st->dir, st->n_layers, st->n_experts, st->opts.expert_dirs, &found, err);
+    const char *pdir = st->opts.placement_dir ? st->opts.placement_dir : st->dir;
+    int rc = placement_load(&st->place, pdir, st->n_layers, st->n_experts, st->opts.expert_dirs, &found, err);
     if (rc || !found) return rc;
     if (st->opts.remote_url)
         return df_error_set(err, DF_EINVAL, "%s: experts placed in other folders cannot also stream from --remote",
@@ -137,6 +138,7 @@ void store_free(df_store *st) {
     free(st->layers);
     free(st->experts);
     free(st->n_experts);
+    free(st->expert_base);
     free(st->expert_shard);
     free(st->globals);
     for (int i = 0; i < st->n_copies; i++) free(st->copies[i]);

@@ -50,6 +50,13 @@ typedef struct store_opts {
     uint64_t state_bytes;    /* the budget's share kept for session state (df_engine_opts.ctx_tokens) */
     int64_t state_tokens;    /* the tokens it holds (for info) */
     int preload;             /* DF_PRELOAD_*: read a spine served from the mappings in from open (spine_warm.h) */
+    /* Expert parallelism: */
+    const uint8_t *expert_mask;  /* per expert, layer-major (store_expert_index): 1 = this rank may read it; NULL =
+                                    every expert. Others are never read, warmed or read ahead. Borrowed. */
+    const char *placement_dir;   /* read the placement from this folder's .deltafin/placement instead of the
+                                    model folder's (a rank's own expert folder) */
+    int experts_only;            /* the budget goes to the reserve and the expert cache: this process never uses
+                                    the spine (a rank computing experts for rank 0) */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -120,8 +127,18 @@ int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const c
 
 /* Number of routed experts stored for a layer (0 for dense layers). */
 int store_expert_count(const df_store *st, int layer);
-/* Hint: the model will need these experts of this layer soon; storage may start reading them. */
+/* Hint: the model will need these experts of this layer soon; storage may start reading them. Both halves of
+ * it: note counts the selection (heat, routing trace), read starts the reads (an expert outside the mask is an
+ * error). A rank that hands experts to others notes the whole union but reads only its share. */
 int store_experts_prefetch(df_store *st, int layer, const int *ids, int n, df_error *err);
+int store_experts_note(df_store *st, int layer, const int *ids, int n, df_error *err);
+int store_experts_read(df_store *st, int layer, const int *ids, int n, df_error *err);
+/* Index of expert (layer, e) in the layer-major order of store_opts.expert_mask; the total count with layer ==
+ * the layer count and e == 0. */
+int64_t store_expert_index(const df_store *st, int layer, int e);
+/* Whether the placement (store_opts.placement_dir or the model folder's) holds expert (layer, e) in a folder of
+ * its own; 1 also for an expert that cannot be placed (not contiguous: read from the shards). */
+int store_expert_placed(const df_store *st, int layer, int e);
 /* Blocks until the expert's bytes are in memory; checks them (an MXFP4 scale of 0xFF is an error naming
  * the file and tensor). */
 /* Look-ahead: what the model should do now about guessing this coming layer's experts (readahead.h decides):

@@ -81,6 +81,7 @@ struct df_store {
     int n_globals;
     store_item *globals;
     int *n_experts;                  /* per layer */
+    int64_t *expert_base;            /* per layer: its first expert in layer-major order (store_expert_index) */
     int *expert_shard;               /* per layer: a shard holding some of its experts */
     store_expert **experts;          /* per layer, n_experts[l] entries */
     /* statistics for store_describe */

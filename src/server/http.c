@@ -281,7 +281,16 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     case R_COMPLETIONS: return http_handle_generate(s, c, cc);
     case R_TOKENIZE:
     case R_DETOKENIZE: return http_handle_tokens(s, c, cc);
-    case R_HEALTH: return http_send_json(s, c, cc, 200, "{\"status\":\"ok\"}");
+    case R_HEALTH: {   /* a lost rank (expert parallelism) makes the server unable to answer */
+        char why[1024];
+        if (!df_engine_health(s->eng, why, sizeof why)) return http_send_json(s, c, cc, 200, "{\"status\":\"ok\"}");
+        json_t *o = json_pack("{s:s,s:s}", "status", "error", "error", why);
+        char *t = json_dumps(o, JSON_COMPACT);
+        json_decref(o);
+        enum MHD_Result r = http_send_json(s, c, cc, 503, t);
+        free(t);
+        return r;
+    }
     case R_PAGE:
         return http_send_text(s, c, cc, 200, "text/html; charset=utf-8", srv_page_html, strlen(srv_page_html), NULL);
     case R_METRICS: {

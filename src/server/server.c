@@ -63,6 +63,7 @@ static void srv_free(srv *s) {
     if (s->pcache) pcache_free(s->pcache);
     df_session_free(s->snap);
     if (s->eng) df_engine_free(s->eng);
+    free(s->ranks);
     if (s->tok) tokenizer_free(s->tok);
     grammar_vocab_free(s->gvocab);
     free(s->model_id);
@@ -146,6 +147,11 @@ int srv_start(srv **out, const srv_opts *o, df_error *err) {
     eo.mem_budget = budget - s->slot_mem;
     int rc = df_engine_open(&s->eng, &eo, err);
     if (!rc) rc = tokenizer_load_dir(&s->tok, o->model_dir, err);
+    if (!rc) {   /* read before the worker thread starts: asking the ranks is an evaluation call */
+        s->n_ranks = df_engine_ranks(s->eng);
+        s->ranks = xcalloc((size_t)s->n_ranks, sizeof *s->ranks);
+        for (int r = 0; !rc && r < s->n_ranks; r++) rc = df_engine_rank_info(s->eng, r, &s->ranks[r], err);
+    }
     if (!rc) {
         s->info = df_engine_info(s->eng);
         rc = slots_init(s, err);

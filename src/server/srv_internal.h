@@ -109,6 +109,8 @@ struct srv {
     char *model_id;
     df_engine *eng;
     const df_model_info *info;
+    int n_ranks;                 /* expert parallelism: the ranks serving the model, as they reported at start */
+    df_rank_info *ranks;
     tokenizer *tok;
     chat_format fmt;
     int has_chat;

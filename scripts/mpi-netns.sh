@@ -1,0 +1,92 @@
+#!/usr/bin/env bash
+# mpi-netns.sh — N emulated machines on this one: each MPI rank in a network namespace of its own (veth pairs on a
+# bridge, both directions rate-limited with tbf), in a memory cgroup of its own (scripts/with-mem-limit.sh), reading
+# its experts from a loop device of its own throttled with blkio; link latency comes from the comm layer's delay
+# injector (DELTAFIN_NET_DELAY_US), since these kernels lack netem. Needs root, iproute2, losetup, mkfs.ext4,
+# cgroup v1 blkio and an Open MPI mpirun.
+#
+#   sudo scripts/mpi-netns.sh MODEL_DIR N RATE MEM_GB DISK_MB_S -- bench -n 8 --json ...
+#
+# RATE: tbf rate per link (1gbit, 10gbit). The script places MODEL_DIR's experts for N ranks (deltafin place
+# --ranks N, by its saved heat) on the N loop devices, starts `mpirun -np N` over the namespaces and runs the deltafin command
+# given with `-m MODEL_DIR --expert-dirs` (the mount points) appended. WORK (default /var/tmp/df-netns) holds the
+# images; DELAY_US (default 50) the emulated latency; IMAGE_GB (default: experts' size x 1.2 + 1) each image's size.
+set -eu
+[ $# -ge 7 ] && [ "$6" = "--" ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+model=$(realpath "$1") n=$2 rate=$3 mem=$4 mbps=$5
+shift 6
+here=$(cd "$(dirname "$0")" && pwd)
+bin=$(realpath "${BIN:-$here/../deltafin}")
+work=${WORK:-/var/tmp/df-netns}
+delay=${DELAY_US:-50}
+net=10.77.0
+cgb=/sys/fs/cgroup/blkio
+mkdir -p "$work"
+devs=()
+cleanup() {
+    for r in $(seq 0 $((n - 1))); do
+        ip netns del "dfr$r" 2>/dev/null || true
+        ip link del "dfv$r" 2>/dev/null || true
+        umount "$work/mnt$r" 2>/dev/null || true
+        rmdir "$cgb/dfrank$r" 2>/dev/null || true
+    done
+    for d in "${devs[@]}"; do losetup -d "$d" 2>/dev/null || true; done
+    ip link del dfbr0 2>/dev/null || true
+}
+trap cleanup EXIT
+cleanup
+
+# disks: one throttled loop device per rank holding that rank's folder
+experts=$(du -sbL "$model" | cut -f1)
+size=${IMAGE_GB:-$((experts * 12 / 10 / n / 1000000000 + 2))}
+folders=""
+for r in $(seq 0 $((n - 1))); do
+    truncate -s "${size}G" "$work/disk$r.img"
+    d=$(losetup --find --show --direct-io=on "$work/disk$r.img")
+    devs+=("$d")
+    mkfs.ext4 -q -F "$d"
+    mkdir -p "$work/mnt$r"
+    mount "$d" "$work/mnt$r"
+    mkdir -p "$cgb/dfrank$r"
+    echo "$(lsblk -dno MAJ:MIN "$d" | tr -d ' ') $((mbps * 1000000))" >"$cgb/dfrank$r/blkio.throttle.read_bps_device"
+    folders="$folders${folders:+,}$work/mnt$r/experts"
+done
+"$bin" place -m "$model" --ranks "$n" --to "$folders" >&2
+
+# network: a bridge, one namespace per rank, tbf on both ends of each veth
+ip link add dfbr0 type bridge
+ip addr add "$net.1/24" dev dfbr0
+ip link set dfbr0 up
+hosts="$work/hosts"
+: >"$hosts"
+for r in $(seq 0 $((n - 1))); do
+    ip netns add "dfr$r"
+    ip link add "dfv$r" type veth peer name eth0 netns "dfr$r"
+    ip link set "dfv$r" master dfbr0 up
+    ip netns exec "dfr$r" ip addr add "$net.$((10 + r))/24" dev eth0
+    ip netns exec "dfr$r" ip link set eth0 up
+    ip netns exec "dfr$r" ip link set lo up
+    tc qdisc add dev "dfv$r" root tbf rate "$rate" burst 1mb latency 50ms
+    ip netns exec "dfr$r" tc qdisc add dev eth0 root tbf rate "$rate" burst 1mb latency 50ms
+    echo "$net.$((10 + r)) slots=1" >>"$hosts"
+done
+
+# mpirun reaches a "host" by entering its namespace (the rsh agent), and each rank enters its cgroups
+cat >"$work/agent.sh" <<EOF
+#!/bin/sh
+host=\$1; shift
+exec ip netns exec dfr\$((\${host##*.} - 10)) sh -c "\$*"
+EOF
+cat >"$work/rank.sh" <<EOF
+#!/bin/sh
+r=\$OMPI_COMM_WORLD_RANK
+echo \$\$ >$cgb/dfrank\$r/cgroup.procs
+exec $here/with-mem-limit.sh $mem -- "\$@"
+EOF
+chmod +x "$work/agent.sh" "$work/rank.sh"
+sync && echo 3 >/proc/sys/vm/drop_caches
+export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
+mpirun -np "$n" --hostfile "$hosts" --bind-to none --mca plm_rsh_agent "$work/agent.sh" \
+    --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" \
+    --mca oob_tcp_if_include "$net.0/24" -x DELTAFIN_NET_DELAY_US="$delay" \
+    "$work/rank.sh" "$bin" "$@" -m "$model" --expert-dirs "$folders"
