@@ -56,6 +56,10 @@ int guard_host_allowed(const char *host, const char *bound, const char *const *a
     if (colon)
         for (const char *p = colon + 1; *p; p++)
             if (*p < '0' || *p > '9') return 0;
+    for (size_t i = 0; i < len; i++)   /* a host name: letters, digits, '-' and '.' only */
+        if (!((host[i] >= 'a' && host[i] <= 'z') || (host[i] >= 'A' && host[i] <= 'Z') ||
+              (host[i] >= '0' && host[i] <= '9') || host[i] == '-' || host[i] == '.'))
+            return 0;
     memcpy(name, host, len);
     name[len] = 0;
     unsigned char a[4];

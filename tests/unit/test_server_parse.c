@@ -142,7 +142,8 @@ int main(void) {
     const char *hosts_ok[] = {NULL, "127.0.0.1", "10.0.0.7", "[::1]", "[fe80::1]", "localhost", "LocalHost.", "a.localhost",
                               "box.example", "BOX.example.", "extra.example"};
     const char *hosts_bad[] = {"evil.example", "localhost.evil.example", "127.0.0.1.evil.example", "box.example.evil",
-                               "[::1", "[::1]x", "xlocalhost", "evil.example:x", "", ":80", "[evil.example]"};
+                               "[::1", "[::1]x", "xlocalhost", "evil.example:x", "", ":80", "[evil.example]",
+                               "a b.localhost", "e/vil.localhost", "x@localhost"};
     const char *extra[] = {"extra.example"};
     int hok = 0, hbad = 0, nh = 0;
     for (int port = 0; port < 2; port++) {
