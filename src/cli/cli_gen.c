@@ -54,15 +54,15 @@ int cli_gen_parse(cli_gen_opts *o, int opt, const char *arg) {
     case 'n':
         if ((r = cli_parse_int("-n/--max-tokens", arg, 1, 1 << 24, &v)) > 0) o->max_tokens = (int)v;
         return r;
-    case 1001: return cli_parse_float("--temp", arg, 0.0, 100.0, &o->sp.temperature);
-    case 1002: return cli_parse_float("--top-p", arg, 0.0, 1.0, &o->sp.top_p);
+    case 1001: return cli_parse_float("--temp", arg, "0", "100", &o->sp.temperature);
+    case 1002: return cli_parse_float("--top-p", arg, "0", "1", &o->sp.top_p);
     case 1003:
         if ((r = cli_parse_int("--top-k", arg, 0, 1 << 24, &v)) > 0) o->sp.top_k = (int)v;
         return r;
     case 1004:
         if ((r = cli_parse_int("--seed", arg, 0, CLI_SEED_MAX, &v)) > 0) o->sp.seed = (uint64_t)v, o->seed_set = 1;
         return r;
-    case 1005: return cli_parse_float("--min-p", arg, 0.0, 1.0, &o->sp.min_p);
+    case 1005: return cli_parse_float("--min-p", arg, "0", "1", &o->sp.min_p);
     case 1006: o->profile = 1; return 1;
     default: {
         int r = cli_storage_opt(opt, arg, &o->eng);
@@ -248,7 +248,8 @@ int cli_stream_event(void *ctx, const gen_event *ev) {
             fwrite(ev->content, 1, ev->content_len, stdout);
         }
     }
-    fflush(stdout);
+    /* output that cannot be written ends the generation; main reports the error */
+    if (fflush(stdout) == EOF || ferror(stdout)) return 1;
     if (o->profile) cli_profile_line(o->m, o->n_tok, &o->prof);
     o->n_tok++;
     return cli_sigint_pending();

@@ -21,11 +21,13 @@ int cli_parse_int(const char *flag, const char *arg, long lo, long hi, long *out
     return 1;
 }
 
-int cli_parse_float(const char *flag, const char *arg, double lo, double hi, float *out) {
+/* The bounds are decimal text parsed like the argument, so a value written as its bound ("0.1" against
+ * "0.1") compares equal whatever binary fraction both round to; a bound held in a float would not. */
+int cli_parse_float(const char *flag, const char *arg, const char *lo, const char *hi, float *out) {
     char *end;
-    double v = strtod(arg, &end);
-    if (end == arg || *end || !(v >= lo && v <= hi)) {
-        fprintf(stderr, "deltafin: %s: expected a number from %g to %g, got '%s'\n", flag, lo, hi, arg);
+    double v = strtod(arg, &end), l = strtod(lo, NULL), h = strtod(hi, NULL);
+    if (end == arg || *end || !(v >= l && v <= h)) {
+        fprintf(stderr, "deltafin: %s: expected a number from %s to %s, got '%s'\n", flag, lo, hi, arg);
         return -1;
     }
     *out = (float)v;

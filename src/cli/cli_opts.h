@@ -46,9 +46,10 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "                    model's if smaller); generation stops there\n"
 
 /* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
- * names the flag, the accepted range and the value given. */
+ * names the flag, the accepted range and the value given. A number's bounds are decimal text ("0.1"),
+ * compared exactly as the argument would be. */
 int cli_parse_int(const char *flag, const char *arg, long lo, long hi, long *out);
-int cli_parse_float(const char *flag, const char *arg, double lo, double hi, float *out);
+int cli_parse_float(const char *flag, const char *arg, const char *lo, const char *hi, float *out);
 /* Rejects arguments left after the options (a prompt not quoted, a typo): 0 if there are none, else -1 after
  * printing "deltafin CMD: unexpected argument ...". */
 int cli_no_stray_args(const char *cmd, int argc, char **argv, int optind);

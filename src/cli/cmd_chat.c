@@ -37,7 +37,7 @@ static int turn_delta(cli_model *m, chat_log *log, int first, tok_ids *out, df_e
     int rc = chat_render(m->tok, m->fmt, log->v, log->n, &co, &all, err);
     co.add_generation_prompt = 0;
     if (!rc && !first) rc = chat_render(m->tok, m->fmt, log->v, log->n - 1, &co, &before, err);
-    if (!rc && (before.n > all.n || memcmp(before.v, all.v, before.n * sizeof(int32_t)))) {
+    if (!rc && (before.n > all.n || (before.n && memcmp(before.v, all.v, before.n * sizeof(int32_t))))) {
         df_error_set(err, DF_EINVAL, "chat format is not append-only for this conversation");
         rc = DF_EINVAL;
     }
@@ -165,7 +165,7 @@ int cmd_chat(int argc, char **argv) {
                      "/help lists the commands\n", m.dir);
     while (!rc) {
         fputs("> ", stdout);
-        fflush(stdout);
+        if (fflush(stdout) == EOF || ferror(stdout)) break;   /* nobody can read the answers: main reports it */
         char *line = read_line();
         cli_sigint_pending();   /* a Ctrl-C typed at the prompt must not stop the next answer */
         if (!line || !strcmp(line, "/exit")) {

@@ -23,6 +23,8 @@ static void serve_usage(FILE *f) {
             "  --strict          refuse unknown request fields and model names other than the served ones\n"
             "  --alias NAME      a name /v1/models lists and --strict accepts (repeatable; default: the folder's)\n"
             "  --cors ORIGIN     let web pages from ORIGIN call the API (repeatable; * = any); others get 403\n"
+            "  --allowed-host NAME  without an API key, answer requests for Host NAME too (repeatable; * = any);\n"
+            "                    addresses, localhost and --host always are, other names get 403\n"
             "  --read-timeout S  a request's headers and body must arrive within S seconds (default 20)\n"
             "  --max-conns-per-client N  open connections per client address (default 16)\n"
             "  --prompt-cache DIR  where prompt states are kept across restarts (default MODEL/.deltafin/kv)\n"
@@ -82,7 +84,7 @@ static char *read_key_file(const char *path) {
     return strdup(buf);
 }
 
-enum { O_PARALLEL = 0x2000, O_STRICT, O_ALIAS, O_CORS, O_KEYFILE, O_SLOTMEM, O_READTO, O_PERCLIENT, O_PCACHE,
+enum { O_PARALLEL = 0x2000, O_STRICT, O_ALIAS, O_CORS, O_HOSTS, O_KEYFILE, O_SLOTMEM, O_READTO, O_PERCLIENT, O_PCACHE,
        O_PCACHE_MAX, O_NO_PCACHE, O_NO_LOG };
 
 int cmd_serve(int argc, char **argv) {
@@ -90,7 +92,7 @@ int cmd_serve(int argc, char **argv) {
         {"model", 1, 0, 'm'},  {"host", 1, 0, 'H'},    {"port", 1, 0, 'p'},      {"api-key", 1, 0, 'k'},
         {"queue", 1, 0, 'q'},  {"max-tokens", 1, 0, 'n'}, {"threads", 1, 0, 't'}, {"keepalive", 1, 0, 'a'},
         {"parallel", 1, 0, O_PARALLEL}, {"strict", 0, 0, O_STRICT}, {"alias", 1, 0, O_ALIAS},
-        {"cors", 1, 0, O_CORS}, {"api-key-file", 1, 0, O_KEYFILE}, {"slot-mem", 1, 0, O_SLOTMEM},
+        {"cors", 1, 0, O_CORS}, {"allowed-host", 1, 0, O_HOSTS}, {"api-key-file", 1, 0, O_KEYFILE}, {"slot-mem", 1, 0, O_SLOTMEM},
         {"read-timeout", 1, 0, O_READTO}, {"max-conns-per-client", 1, 0, O_PERCLIENT},
         {"prompt-cache", 1, 0, O_PCACHE}, {"prompt-cache-max", 1, 0, O_PCACHE_MAX},
         {"no-prompt-cache", 0, 0, O_NO_PCACHE}, {"no-access-log", 0, 0, O_NO_LOG},
@@ -137,6 +139,7 @@ int cmd_serve(int argc, char **argv) {
         case O_STRICT: o.strict = 1; break;
         case O_ALIAS: bad |= add_name(o.aliases, &o.n_aliases, optarg, "--alias"); break;
         case O_CORS: bad |= add_name(o.cors, &o.n_cors, optarg, "--cors"); break;
+        case O_HOSTS: bad |= add_name(o.hosts, &o.n_hosts, optarg, "--allowed-host"); break;
         case O_SLOTMEM:
             if (cli_parse_bytes(optarg, &o.slot_mem) || !o.slot_mem) {
                 fprintf(stderr, "deltafin serve: --slot-mem needs a size such as 2G or 512M, got '%s'\n", optarg);

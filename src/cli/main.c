@@ -1,4 +1,8 @@
-/* main.c — `deltafin` entry point: dispatches to a subcommand. */
+/* main.c — `deltafin` entry point: dispatches to a subcommand, and fails a command whose results could not
+ * all be written to standard output (a full disk, a closed pipe), since a truncated result must not look
+ * like a complete one. */
+#include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <string.h>
 #include "cli.h"
@@ -30,17 +34,30 @@ static void usage(FILE *f) {
         fprintf(f, "  %-11s %s\n", commands[i].name, commands[i].help);
 }
 
+/* rc, or 1 after a message when something written to stdout was lost */
+static int stdout_checked(const char *cmd, int rc) {
+    errno = 0;
+    int bad = fflush(stdout) == EOF;
+    int e = errno;
+    if (!bad && !ferror(stdout)) return rc;
+    fprintf(stderr, "deltafin%s%s: writing the output failed (%s)\n", cmd ? " " : "", cmd ? cmd : "",
+            e ? strerror(e) : "a write error");
+    return rc ? rc : 1;
+}
+
 int main(int argc, char **argv) {
+    /* a closed pipe is a write error to report, not a silent death by signal */
+    signal(SIGPIPE, SIG_IGN);
     if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
         usage(argc < 2 ? stderr : stdout);
-        return argc < 2 ? 2 : 0;
+        return stdout_checked(NULL, argc < 2 ? 2 : 0);
     }
     if (!strcmp(argv[1], "--version") || !strcmp(argv[1], "-V") || !strcmp(argv[1], "version")) {
         printf("deltafin %s\n", DF_VERSION);
-        return 0;
+        return stdout_checked(NULL, 0);
     }
     for (size_t i = 0; i < sizeof commands / sizeof commands[0]; i++)
-        if (!strcmp(argv[1], commands[i].name)) return commands[i].fn(argc - 1, argv + 1);
+        if (!strcmp(argv[1], commands[i].name)) return stdout_checked(argv[1], commands[i].fn(argc - 1, argv + 1));
     fprintf(stderr, "deltafin: unknown command '%s'\n", argv[1]);
     usage(stderr);
     return 2;

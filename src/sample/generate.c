@@ -9,6 +9,7 @@
  * same tokens whether and however much was drafted (greedy: the argmax, as always). */
 #include "generate.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
@@ -27,17 +28,29 @@ struct gen_state {
     sampler smp;
     gen_text g;
     int n_vocab;
+    char error[200];
 };
 
-/* Samples from logits under the configured constraint, if any; budget: tokens that may still be generated. */
+/* Samples from logits under the configured constraint, if any; budget: tokens that may still be generated.
+ * -1 (st->error says why) when the model's logits are not finite or the constraint allows nothing: ending
+ * the message there would pass a broken answer off as a finished one. */
 static int32_t gen_sample(gen_state *st, float *logits, int budget, sample_result *sr) {
     const gen_config *cfg = &st->cfg;
-    /* nothing allowed only happens with a broken constraint: ending the message is the safe way out */
-    if (cfg->mask && !cfg->mask(cfg->mask_ctx, logits, st->n_vocab, budget) && cfg->eos_id >= 0 &&
-        cfg->eos_id < st->n_vocab)
-        logits[cfg->eos_id] = 0;
-    return sampler_sample(&st->smp, logits, sr);
+    if (sampler_check_logits(&st->smp, logits)) {   /* before the mask, which would hide some of them */
+        snprintf(st->error, sizeof st->error, "%s", sampler_error(&st->smp));
+        return -1;
+    }
+    if (cfg->mask && !cfg->mask(cfg->mask_ctx, logits, st->n_vocab, budget)) {
+        snprintf(st->error, sizeof st->error, "the output constraint allows no token after %d generated",
+                 cfg->max_tokens - budget);
+        return -1;
+    }
+    int32_t id = sampler_sample(&st->smp, logits, sr);
+    if (id < 0) snprintf(st->error, sizeof st->error, "%s", sampler_error(&st->smp));
+    return id;
 }
+
+const char *gen_state_error(const gen_state *s) { return s->error; }
 
 /* Decodes one id into rs (reasoning) / ct (answer); returns 1 at the end of the chat message. */
 static int gen_text_feed(gen_text *g, const gen_config *cfg, int32_t id) {
@@ -121,6 +134,11 @@ int gen_step(gen_state *s, float *logits, gen_event_fn cb, void *ctx, int32_t *n
     double t0 = df_now();
     sample_result sr;
     int32_t id = gen_sample(s, logits, s->cfg.max_tokens - (int)res->ids.n, &sr);
+    if (id < 0) {
+        res->finish = GEN_FINISH_ERROR;
+        res->decode_s += df_now() - t0;
+        return 1;
+    }
     int e = gen_emit(s, id, &sr, res, cb, ctx);
     *next = id;
     res->decode_s += df_now() - t0;
@@ -136,6 +154,12 @@ int gen_step_rows(gen_state *s, float *rows, const int32_t *drafts, int k, gen_e
     res->drafted += k;   /* counted before the drafts are emitted, so each event reports them */
     for (;; j++) {
         int32_t t = gen_sample(s, rows + (size_t)j * n_vocab, s->cfg.max_tokens - (int)res->ids.n, &sr);
+        if (t < 0) {   /* rows before j were emitted as usual */
+            res->finish = GEN_FINISH_ERROR;
+            e = EMIT_FINAL;
+            *accepted = j;
+            break;
+        }
         int is_draft = j < k && t == drafts[j];
         res->accepted += is_draft;
         e = gen_emit(s, t, &sr, res, cb, ctx);
@@ -187,6 +211,10 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
         }
         if (cfg->spec) spec_observe(cfg->spec, k + 1, accepted, te, rollback);
         if (rc) break;
+    }
+    if (!rc && res->finish == GEN_FINISH_ERROR) {
+        df_error_set(err, DF_EINVAL, "generation failed: %s", st->error);
+        rc = DF_EINVAL;
     }
     if (!rc && res->finish == GEN_FINISH_CANCELLED) {
         df_error_set(err, DF_ECANCELLED, "generation cancelled");

@@ -32,7 +32,9 @@ typedef struct gen_config {
     chat_tool_parser *tools;  /* chat: reads tool calls out of the ids and keeps their sections out of the text */
 } gen_config;
 
-typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED } gen_finish;
+/* GEN_FINISH_ERROR: nothing could be sampled (non-finite logits, or a constraint that allows no token);
+ * gen_state_error says why, and gen_run returns DF_EINVAL with it. */
+typedef enum { GEN_FINISH_STOP = 0, GEN_FINISH_LENGTH, GEN_FINISH_CANCELLED, GEN_FINISH_ERROR } gen_finish;
 
 /* One generated token and the text it released (either may be empty: a partial character or a possible
  * stop-string start is held back). final: the last event of the generation (finish is then set). */
@@ -61,7 +63,8 @@ typedef struct gen_result {
 } gen_result;
 
 /* logits: [vocab] after the prompt; reused as scratch. Returns DF_OK, DF_ECANCELLED (callback or the
- * session's step callback stopped it) or an evaluation error. */
+ * session's step callback stopped it), DF_EINVAL when nothing could be sampled (GEN_FINISH_ERROR) or an
+ * evaluation error. */
 int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, gen_event_fn cb, void *ctx,
             gen_result *res, df_error *err);
 
@@ -70,9 +73,12 @@ int gen_run(df_session *s, const gen_config *cfg, float *logits, int n_vocab, ge
 typedef struct gen_state gen_state;
 gen_state *gen_state_new(const gen_config *cfg, int n_vocab);
 void gen_state_free(gen_state *g);
+/* Why the generation ended with GEN_FINISH_ERROR ("" otherwise). */
+const char *gen_state_error(const gen_state *g);
 /* Samples from logits (used as scratch) and reports the token through cb. Returns 0 when *next must be
  * evaluated and its logits passed to the next call, 1 when the generation ended (res->finish says how;
- * GEN_FINISH_CANCELLED when cb asked to stop). res accumulates over the calls (ids, finish). */
+ * GEN_FINISH_CANCELLED when cb asked to stop, GEN_FINISH_ERROR when nothing could be sampled: no event is
+ * reported then). res accumulates over the calls (ids, finish). */
 int gen_step(gen_state *g, float *logits, gen_event_fn cb, void *ctx, int32_t *next, gen_result *res);
 /* After a pass (counted in res) that evaluated the last emitted token and k drafts behind it, rows holding
  * the logits of its k + 1 rows: samples row by row, each through the constraint as without speculation,

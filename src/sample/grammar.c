@@ -1,6 +1,7 @@
 /* grammar.c — building the node graph of grammar.h (nodes for tokens, text, integers, sequences, repeats,
- * selections, any JSON value) and analysing it once built: the symbols each node can start with and the fewest
- * bytes that complete it. The JSON-schema compiler is grammar_schema.c, the machine that runs the graph
+ * selections, any JSON value) and analysing it once built: the symbols each node can start with, the fewest
+ * bytes that complete it and the frames that shortest completion stacks; enum members are checked against
+ * their schema's other keywords here, once the machine can run. The JSON-schema compiler is grammar_schema.c, the machine that runs the graph
  * grammar_run.c, the logits mask grammar_mask.c. */
 #include "sample/grammar_internal.h"
 
@@ -26,6 +27,8 @@ int grammar_node_new(grammar *g, int kind) {
     nd->token = -1;
     nd->first_tok = -1;
     nd->minlen = GRAMMAR_INF;
+    nd->need = GRAMMAR_INF;
+    nd->filter = -1;
     return g->n++;
 }
 
@@ -37,6 +40,7 @@ void grammar_node_add_lit(grammar *g, int id, const char *s, size_t len) {
     memcpy(nd->lits[nd->n_lits], s, len);
     nd->lits[nd->n_lits][len] = 0;
     nd->lit_len[nd->n_lits++] = (uint32_t)len;
+    g->lit_bytes += len;
 }
 
 void grammar_node_add_kid(grammar *g, int id, int kid) {
@@ -48,6 +52,7 @@ void grammar_node_add_kid(grammar *g, int id, int kid) {
 grammar *grammar_new(void) {
     grammar *g = xcalloc(1, sizeof *g);
     g->root = -1;
+    g->any_value = g->any_object = -1;
     g->str_node = grammar_node_new(g, GN_STRING);
     g->nodes[g->str_node].min = 0;
     return g;
@@ -108,7 +113,9 @@ int grammar_add_select(grammar *g, const char *const *lits, const int *nodes, in
     return id;
 }
 
+/* Built once per grammar and shared: a schema of many `{}` or `true` parts stays small. */
 int grammar_add_json_any(grammar *g, int objects_only) {
+    if (g->any_value >= 0) return objects_only ? g->any_object : g->any_value;
     int u = grammar_node_new(g, GN_UNION);
     int o = grammar_node_new(g, GN_OBJECT);
     g->nodes[o].additional = u;
@@ -123,6 +130,8 @@ int grammar_add_json_any(grammar *g, int objects_only) {
     grammar_node_add_lit(g, l, "null", 4);
     int kids[] = {o, a, s, num, l};
     for (int i = 0; i < 5; i++) grammar_node_add_kid(g, u, kids[i]);
+    g->any_value = u;
+    g->any_object = o;
     return objects_only ? o : u;
 }
 
@@ -211,10 +220,48 @@ static uint32_t node_minlen(const grammar *g, const gnode *nd) {
     return GRAMMAR_INF;
 }
 
-int grammar_finish(grammar *g, int root, df_error *err) {
+static uint32_t max_u32(uint32_t a, uint32_t b) { return a > b ? a : b; }
+
+/* Frames the shortest completion of nd stacks, its own included: the deepest of the parts it must open
+ * (a union and a selection are replaced by the part they choose, so they add none). */
+static uint32_t node_need(const grammar *g, const gnode *nd) {
+    uint32_t m = 1;
+    switch (nd->kind) {
+    case GN_OBJECT:
+        for (int p = 0; p < nd->n_lits; p++)
+            if (nd->required >> p & 1) m = max_u32(m, sat_add(1, g->nodes[nd->kids[p]].need));
+        return m;
+    case GN_ARRAY:
+    case GN_REPEAT: return nd->min > 0 ? sat_add(1, g->nodes[nd->item].need) : 1;
+    case GN_SEQ:
+        for (int i = 0; i < nd->n_kids; i++) m = max_u32(m, sat_add(1, g->nodes[nd->kids[i]].need));
+        return m;
+    case GN_SELECT:   /* whichever literal is written, its part must fit */
+        for (int i = 0; i < nd->n_kids; i++) m = max_u32(m, g->nodes[nd->kids[i]].need);
+        return m;
+    case GN_UNION:    /* the shallowest of the shortest alternatives */
+        m = GRAMMAR_INF;
+        for (int i = 0; i < nd->n_kids; i++) {
+            const gnode *k = &g->nodes[nd->kids[i]];
+            if (k->minlen == nd->minlen && k->need < m) m = k->need;
+        }
+        return m;
+    default: return nd->minlen >= GRAMMAR_INF ? GRAMMAR_INF : 1;
+    }
+}
+
+/* Fixed points from scratch: minimum lengths and first symbols together, then the frames needed (which
+ * follow the shortest completions). Nodes are mostly created parents first, so children are visited first
+ * by going backwards. */
+static void analyse(grammar *g) {
+    for (int i = 0; i < g->n; i++) {
+        g->nodes[i].minlen = g->nodes[i].need = GRAMMAR_INF;
+        memset(g->nodes[i].first, 0, sizeof g->nodes[i].first);
+        g->nodes[i].first_tok = -1;
+    }
     for (int changed = 1; changed;) {
         changed = 0;
-        for (int i = 0; i < g->n; i++) {
+        for (int i = g->n - 1; i >= 0; i--) {
             uint32_t m = node_minlen(g, &g->nodes[i]);
             if (m != g->nodes[i].minlen) {
                 g->nodes[i].minlen = m;
@@ -223,21 +270,72 @@ int grammar_finish(grammar *g, int root, df_error *err) {
             changed |= first_update(g, i);
         }
     }
+    for (int changed = 1; changed;) {
+        changed = 0;
+        for (int i = g->n - 1; i >= 0; i--) {
+            uint32_t d = node_need(g, &g->nodes[i]);
+            if (d != g->nodes[i].need) {
+                g->nodes[i].need = d;
+                changed = 1;
+            }
+        }
+    }
+}
+
+/* Drops the enum/const members that their schema's other keywords refuse; returns how many were dropped,
+ * or -1 when a node is left with none. */
+static int filter_literals(grammar *g, df_error *err) {
+    int dropped = 0;
+    for (int i = 0; i < g->n; i++) {
+        gnode *nd = &g->nodes[i];
+        if (nd->kind != GN_LITS || nd->filter < 0) continue;
+        int k = 0;
+        for (int l = 0; l < nd->n_lits; l++) {
+            if (grammar_node_accepts(g, nd->filter, (const uint8_t *)nd->lits[l], nd->lit_len[l])) {
+                nd->lits[k] = nd->lits[l];
+                nd->lit_len[k++] = nd->lit_len[l];
+            } else {
+                free(nd->lits[l]);
+                dropped++;
+            }
+        }
+        nd->n_lits = k;
+        if (!k) {
+            df_error_set(err, DF_EINVAL, "schema: no member of an enum/const satisfies the other keywords of its "
+                                         "schema (type, bounds, lengths, ...)");
+            return -1;
+        }
+    }
+    return dropped;
+}
+
+int grammar_finish(grammar *g, int root, df_error *err) {
+    for (;;) {   /* dropping members can lengthen other nodes, and so drop further members */
+        analyse(g);
+        int d = filter_literals(g, err);
+        if (d < 0) return DF_EINVAL;
+        if (!d) break;
+    }
     for (int i = 0; i < g->n; i++) {
         const gnode *nd = &g->nodes[i];
-        if (nd->kind == GN_UNION)
-            for (int a = 0; a < nd->n_kids; a++)
-                for (int b = a + 1; b < nd->n_kids; b++) {
-                    const gnode *x = &g->nodes[nd->kids[a]], *y = &g->nodes[nd->kids[b]];
-                    int overlap = 0;
-                    for (int w = 0; w < 4; w++) overlap |= (x->first[w] & y->first[w]) != 0;
-                    if (overlap || (x->first_tok >= 0 && x->first_tok == y->first_tok)) {
-                        df_error_set(err, DF_EINVAL,
-                                     "schema: alternatives of anyOf/oneOf/type must start differently (e.g. be of "
-                                     "different types); two of them can begin with the same character");
-                        return DF_EINVAL;
-                    }
+        if (nd->kind == GN_UNION) {   /* pairwise disjoint first symbols, checked against their union so far */
+            uint64_t seen[4] = {0};
+            int overlap = 0;
+            for (int a = 0; a < nd->n_kids && !overlap; a++) {
+                const gnode *x = &g->nodes[nd->kids[a]];
+                for (int w = 0; w < 4; w++) {
+                    overlap |= (seen[w] & x->first[w]) != 0;
+                    seen[w] |= x->first[w];
                 }
+                for (int b = 0; b < a && x->first_tok >= 0; b++) overlap |= g->nodes[nd->kids[b]].first_tok == x->first_tok;
+            }
+            if (overlap) {
+                df_error_set(err, DF_EINVAL,
+                             "schema: alternatives of anyOf/oneOf/type must start differently (e.g. be of "
+                             "different types); two of them can begin with the same character");
+                return DF_EINVAL;
+            }
+        }
         if (nd->kind == GN_LITS)
             for (int k = 0; k < nd->n_lits; k++)
                 if (!nd->lit_len[k]) {
@@ -247,6 +345,12 @@ int grammar_finish(grammar *g, int root, df_error *err) {
     }
     if (root < 0 || root >= g->n || g->nodes[root].minlen >= GRAMMAR_INF) {
         df_error_set(err, DF_EINVAL, "schema: no JSON value satisfies it within the generator's limits");
+        return DF_EINVAL;
+    }
+    if (g->nodes[root].need > GRAMMAR_MAX_DEPTH) {
+        df_error_set(err, DF_EINVAL,
+                     "schema: its shortest document nests %u constructs; constrained output nests at most %d",
+                     g->nodes[root].need, GRAMMAR_MAX_DEPTH);
         return DF_EINVAL;
     }
     g->root = root;

@@ -11,11 +11,17 @@
  * Supported schema keywords: type (one or a list), properties, required, additionalProperties (false, true
  * or a schema; keys outside `properties` are only generated when there are no `properties`), items,
  * minItems, maxItems, minLength, maxLength, minimum, maximum, exclusiveMinimum, exclusiveMaximum, enum,
- * const, anyOf/oneOf whose alternatives start differently (different types), $ref to #/$defs/... or
- * #/definitions/..., format date, time, date-time, uuid, email (generated in a strict subset of each format);
- * other formats are generated as plain strings. Annotations (title, description, default, examples, ...)
- * are ignored. Keywords that constrain values in ways not enforced here (pattern, multipleOf, uniqueItems,
- * allOf, not, ...) are refused, so output never silently fails its schema.
+ * const (members that fail the schema's other keywords are dropped; none left is refused), anyOf/oneOf
+ * whose alternatives start differently (different types), $ref to #/$defs/... or #/definitions/..., format
+ * date, time, date-time, uuid, email (generated in a strict subset of each format). Annotations (title,
+ * description, default, examples, ...) are ignored. Everything else that constrains values is refused,
+ * naming the keyword, so output never silently fails its schema: keywords not enforced here (pattern,
+ * multipleOf, uniqueItems, allOf, not, other formats, ...) and constraints beside $ref or anyOf/oneOf.
+ *
+ * Compilation is linear in the schema: every subschema and $ref target becomes one node, reached however
+ * often it is referenced; past GRAMMAR_MAX_NODES nodes or GRAMMAR_MAX_LIT_BYTES of literals a schema is
+ * refused. A schema whose shortest document needs more than GRAMMAR_MAX_DEPTH frames is refused, and the
+ * machine never opens a construct it could not finish within them (a recursive schema stops nesting there).
  *
  * Generation choices that keep output bounded: whitespace only between JSON tokens and at most
  * GRAMMAR_MAX_WS bytes in a row, none before or after the top-level value; integers have at most 15 digits,
@@ -32,6 +38,8 @@
 #define GRAMMAR_MAX_DEPTH 48
 #define GRAMMAR_MAX_WS 4
 #define GRAMMAR_INF 0x3fffffffu
+#define GRAMMAR_MAX_NODES 65536
+#define GRAMMAR_MAX_LIT_BYTES (1u << 20)
 
 typedef struct grammar grammar;
 

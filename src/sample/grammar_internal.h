@@ -35,10 +35,14 @@ typedef struct gnode {
     double lo, hi;             /* numbers, inclusive */
     int32_t token;
     uint32_t minlen;
+    uint32_t need;             /* frames its shortest completion stacks, its own included */
+    int filter;                /* GN_LITS from enum/const: the node its literals must also satisfy, -1: none */
     uint64_t first[4];         /* bytes that can start it */
     int32_t first_tok;         /* the special token that can start it, or -1 */
 } gnode;
 
+/* One entry of the schema compiler's table from a schema object to its node (open addressing on the
+ * pointer: every subschema and every $ref target is compiled once, however often it is reached). */
 typedef struct memo {
     const json_t *schema;
     int node;
@@ -52,8 +56,10 @@ struct grammar {
     /* schema compilation */
     json_t *doc;
     memo *memo;
-    int n_memo, cap_memo;
+    int n_memo, cap_memo;      /* cap_memo: a power of two, or 0 */
     int depth;
+    int any_value, any_object; /* the shared "any JSON value" / "any object" nodes, -1 until needed */
+    size_t lit_bytes;          /* bytes of every literal so far (GRAMMAR_MAX_LIT_BYTES) */
 };
 
 /* Saturating arithmetic on byte costs: GRAMMAR_INF stands for "cannot be completed". */
@@ -86,5 +92,8 @@ void grammar_node_add_lit(grammar *g, int id, const char *s, size_t len);
 void grammar_node_add_kid(grammar *g, int id, int kid);
 /* The fewest bytes that complete a number node from frame f (grammar_run.c). */
 uint32_t grammar_num_cost(const gnode *nd, const grammar_frame *f);
+/* The whole of p[0..n) is one complete value of node (the analysis done): how enum members are checked
+ * against the other keywords of their schema (grammar_run.c). */
+int grammar_node_accepts(const grammar *g, int node, const uint8_t *p, size_t n);
 
 #endif

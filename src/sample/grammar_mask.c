@@ -194,9 +194,10 @@ int grammar_mask_apply(grammar_mask *m, float *logits, int n_vocab, int budget) 
     memset(m->allow, 0, (size_t)v->n_vocab);
     /* a token is allowed when the document can still be completed (and ended) in the tokens left after it */
     int32_t room = (int32_t)budget - 1 - (m->eos_id >= 0);
-    /* when even the shortest completion no longer fits, the budget cannot be kept: generation will stop at
-     * max_tokens with a partial document, so any token the grammar accepts is allowed */
-    if (room >= 0 && grammar_cost(g, &m->st) > (uint32_t)room + 1) room = INT32_MAX;
+    /* when even the shortest completion no longer fits (the last token included), the budget cannot be
+     * kept: generation will stop at max_tokens with a partial document (finish "length"), so any token the
+     * grammar accepts is allowed rather than none */
+    if ((int64_t)grammar_cost(g, &m->st) > (int64_t)room + 1) room = INT32_MAX;
     if (!m->st.done) {
         int len, min, max;
         if (grammar_plain_string(g, &m->st, &len, &min, &max))

@@ -1,6 +1,10 @@
 /* grammar_run.c — the deterministic pushdown machine over bytes and special tokens: a state is a stack of
  * frames over the node graph; alternatives are chosen by their first symbol only (one state, no backtracking).
- * Also the fewest bytes that complete a state, which the logits mask compares with the token budget. */
+ * Also the fewest bytes that complete a state, which the logits mask compares with the token budget.
+ *
+ * A construct is opened only when its shortest completion fits the frames left above it (gnode.need), and an
+ * optional member, item or repetition only when its own does: so every state the machine reaches can still
+ * be finished, and the completion grammar_cost counts is one the stack can hold. */
 #include "sample/grammar_internal.h"
 
 #include <math.h>
@@ -112,8 +116,13 @@ enum { O_OPEN, O_FIRST, O_KEY, O_COLON, O_VALUE, O_AFTER, O_NEXT };
 enum { A_OPEN, A_FIRST, A_AFTER, A_NEXT };
 enum { S_OPEN, S_IN, S_ESC, S_HEX, S_UTF, S_TMPL, S_EMAIL };
 
+/* node, opened above the first `depth` frames, can be finished within the stack */
+static int fits_at(const grammar *g, int depth, int node) {
+    return node >= 0 && (uint32_t)depth + g->nodes[node].need <= GRAMMAR_MAX_DEPTH;
+}
+
 static int push(const grammar *g, grammar_state *s, int node) {
-    if (s->depth == GRAMMAR_MAX_DEPTH) return R_REJECT;
+    if (!fits_at(g, s->depth, node)) return R_REJECT;
     grammar_frame *f = &s->f[s->depth++];
     memset(f, 0, sizeof *f);
     f->node = node;
@@ -124,9 +133,9 @@ static int push(const grammar *g, grammar_state *s, int node) {
     return R_AGAIN;
 }
 
-static void replace_top(const grammar *g, grammar_state *s, int node) {
+static int replace_top(const grammar *g, grammar_state *s, int node) {
     s->depth--;
-    push(g, s, node);
+    return push(g, s, node);
 }
 
 static int is_ws(int c) { return c == ' ' || c == '\n' || c == '\t' || c == '\r'; }
@@ -136,27 +145,34 @@ static int take_ws(grammar_frame *f, int c) {
     return f->ws < GRAMMAR_MAX_WS ? (f->ws++, 1) : -1;
 }
 
-/* Which unseen properties can still be added. */
-static uint64_t obj_open_keys(const gnode *nd, uint64_t seen) {
-    uint64_t all = nd->n_lits >= 64 ? ~0ull : (1ull << nd->n_lits) - 1;
-    return all & ~seen;
+/* Which unseen properties can still be added to an object whose frame is the depth-th (their values
+ * opened above it). */
+static uint64_t obj_open_keys(const grammar *g, const gnode *nd, uint64_t seen, int depth) {
+    uint64_t open = 0;
+    for (int p = 0; p < nd->n_lits; p++)
+        if (!(seen >> p & 1) && fits_at(g, depth, nd->kids[p])) open |= 1ull << p;
+    return open;
+}
+
+/* A key outside the properties (its string, then its value, opened above the depth-th frame). */
+static int obj_free_key_fits(const grammar *g, const gnode *nd, int depth) {
+    return nd->additional >= 0 && fits_at(g, depth, g->str_node) && fits_at(g, depth, nd->additional);
 }
 
 static int obj_key_start(const grammar *g, grammar_state *s, grammar_frame *f, const gnode *nd) {
     if (nd->n_lits) {
-        uint64_t cand = obj_open_keys(nd, f->a);
+        uint64_t cand = obj_open_keys(g, nd, f->a, s->depth);
         if (!cand) return R_REJECT;
         f->st = O_KEY;
         f->b = cand;
         f->i = 1;   /* every key literal begins with the quote just read */
         return R_OK;
     }
-    if (nd->additional < 0) return R_REJECT;
+    if (!obj_free_key_fits(g, nd, s->depth)) return R_REJECT;
     f->st = O_COLON;
     f->n = -1;
     f->ws = 0;
-    push(g, s, g->str_node);
-    return R_AGAIN;
+    return push(g, s, g->str_node);
 }
 
 static int step_object(const grammar *g, grammar_state *s, grammar_frame *f, const gnode *nd, int c) {
@@ -207,7 +223,7 @@ static int step_object(const grammar *g, grammar_state *s, grammar_frame *f, con
         f->ws = 0;
         if (c == '}') return (nd->required & ~f->a) ? R_REJECT : R_DONE;
         if (c != ',') return R_REJECT;
-        if (nd->n_lits ? !obj_open_keys(nd, f->a) : nd->additional < 0) return R_REJECT;
+        if (nd->n_lits ? !obj_open_keys(g, nd, f->a, s->depth) : !obj_free_key_fits(g, nd, s->depth)) return R_REJECT;
         f->st = O_NEXT;
         return R_OK;
     }
@@ -234,7 +250,7 @@ static int step_array(const grammar *g, grammar_state *s, grammar_frame *f, cons
         if ((w = take_ws(f, c))) return w > 0 ? R_OK : R_REJECT;
         f->ws = 0;
         if (c == ']') return f->n >= nd->min ? R_DONE : R_REJECT;
-        if (c != ',' || (nd->max >= 0 && f->n >= nd->max)) return R_REJECT;
+        if (c != ',' || (nd->max >= 0 && f->n >= nd->max) || !fits_at(g, s->depth, nd->item)) return R_REJECT;
         f->st = A_NEXT;
         return R_OK;
     }
@@ -259,11 +275,14 @@ static int tmpl_ok(char cls, int prev, int c) {
 
 static int alnum_lower(int c) { return (c >= 'a' && c <= 'z') || (c >= '0' && c <= '9'); }
 
-/* email, generated as [a-z0-9._-]{1,32} @ [a-z0-9]{1,32} . [a-z]{2,6}; i = part, n = length in it, b = last */
+/* email, generated as [a-z0-9._-]{1,32} @ [a-z0-9]{1,32} . [a-z]{2,6}, the local part neither starting nor
+ * ending with a dot nor holding two in a row; i = part, n = length in it, b = last. A dot is taken only
+ * where a character can still follow it, so the part never ends in a state with no way on. */
 static int step_email(grammar_frame *f, int c) {
     if (f->i == 0) {
-        if (c == '@' && f->n > 0 && f->b != '.') f->i = 1, f->n = 0;
-        else if (f->n < 32 && (alnum_lower(c) || ((c == '.' || c == '_' || c == '-') && f->n > 0 && f->b != '.'))) f->n++;
+        int sep_ok = f->n > 0 && f->b != '.';
+        if (c == '@' && sep_ok) f->i = 1, f->n = 0;
+        else if (f->n < 32 && (alnum_lower(c) || ((c == '_' || c == '-') && sep_ok) || (c == '.' && sep_ok && f->n < 31))) f->n++;
         else return R_REJECT;
     } else if (f->i == 1) {
         if (c == '.' && f->n > 0) f->i = 2, f->n = 0;
@@ -413,8 +432,8 @@ static int step_lits(const grammar *g, grammar_state *s, grammar_frame *f, const
             if (nd->lit_len[k] != (uint32_t)f->i) all_whole = 0;
             else one = k;
         }
-    if (nd->kind == GN_SELECT) {
-        if (one >= 0) replace_top(g, s, nd->kids[one]);   /* select literals are prefix-free */
+    if (nd->kind == GN_SELECT) {   /* select literals are prefix-free */
+        if (one >= 0 && replace_top(g, s, nd->kids[one]) == R_REJECT) return R_REJECT;
         return R_OK;
     }
     return all_whole ? R_DONE : R_OK;
@@ -440,10 +459,8 @@ static int step(const grammar *g, grammar_state *s, int64_t c) {
         if (c == SYM_END) return R_REJECT;
         for (int k = 0; k < nd->n_kids; k++) {
             const gnode *kd = &g->nodes[nd->kids[k]];
-            if (b >= 0 ? has_bit(kd->first, b) : kd->first_tok >= 0 && c == SYM_TOKEN(kd->first_tok)) {
-                replace_top(g, s, nd->kids[k]);
-                return R_AGAIN;
-            }
+            if (b >= 0 ? has_bit(kd->first, b) : kd->first_tok >= 0 && c == SYM_TOKEN(kd->first_tok))
+                return replace_top(g, s, nd->kids[k]);
         }
         return R_REJECT;
     case GN_TOKEN: return c == SYM_TOKEN(nd->token) ? R_DONE : R_REJECT;
@@ -453,7 +470,7 @@ static int step(const grammar *g, grammar_state *s, int64_t c) {
     case GN_REPEAT: {
         const gnode *it = &g->nodes[nd->item];
         int starts = b >= 0 ? has_bit(it->first, b) : it->first_tok >= 0 && c == SYM_TOKEN(it->first_tok);
-        if (starts && (nd->max < 0 || f->n < nd->max)) {
+        if (starts && (nd->max < 0 || f->n < nd->max) && fits_at(g, s->depth, nd->item)) {
             f->n++;
             return push(g, s, nd->item);
         }
@@ -507,7 +524,8 @@ int grammar_accepting(const grammar *g, const grammar_state *s) {
     return feed_symbol(g, &t, SYM_END) == 0;
 }
 
-static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
+/* depth: the frames up to and including f */
+static uint32_t frame_cost(const grammar *g, const grammar_frame *f, int depth) {
     const gnode *nd = &g->nodes[f->node];
     switch (nd->kind) {
     case GN_OBJECT: {
@@ -518,10 +536,13 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
         case O_AFTER: return sat_add(rest, 1);
         case O_NEXT: {
             if (rest) return rest;   /* rest counts one comma (already written) too many, '}' one too few */
-            if (!nd->n_lits) return sat_add(g->nodes[g->str_node].minlen + 1, sat_add(g->nodes[nd->additional].minlen, 1));
+            if (!nd->n_lits)
+                return obj_free_key_fits(g, nd, depth) ? sat_add(g->nodes[g->str_node].minlen + 1, sat_add(g->nodes[nd->additional].minlen, 1))
+                                                       : GRAMMAR_INF;
             uint32_t best = GRAMMAR_INF;
+            uint64_t open = obj_open_keys(g, nd, f->a, depth);
             for (int p = 0; p < nd->n_lits; p++)
-                if (!(f->a >> p & 1) && prop_cost(g, nd, p) < best) best = prop_cost(g, nd, p);
+                if ((open >> p & 1) && prop_cost(g, nd, p) < best) best = prop_cost(g, nd, p);
             return sat_add(best, 1);
         }
         case O_KEY: {
@@ -593,7 +614,7 @@ static uint32_t frame_cost(const grammar *g, const grammar_frame *f) {
 
 uint32_t grammar_cost(const grammar *g, const grammar_state *s) {
     uint32_t c = 0;
-    for (int i = 0; i < s->depth; i++) c = sat_add(c, frame_cost(g, &s->f[i]));
+    for (int i = 0; i < s->depth; i++) c = sat_add(c, frame_cost(g, &s->f[i], i + 1));
     return c;
 }
 
@@ -608,3 +629,11 @@ int grammar_plain_string(const grammar *g, const grammar_state *s, int *len, int
     return 1;
 }
 
+
+int grammar_node_accepts(const grammar *g, int node, const uint8_t *p, size_t n) {
+    grammar_state s;
+    s.depth = 0;
+    s.done = 0;
+    if (push(g, &s, node) == R_REJECT) return 0;
+    return !grammar_feed(g, &s, p, n) && grammar_accepting(g, &s);
+}

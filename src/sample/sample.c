@@ -2,8 +2,8 @@
  * only when top-p needs one) because a K3 vocabulary has 163 840 entries. */
 #include "sample.h"
 
-#include <float.h>
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "common/util.h"
@@ -97,12 +97,33 @@ static int cand_cmp(const void *a, const void *b) {
     return 0;
 }
 
+int sampler_check_logits(sampler *s, const float *logits) {
+    int bad = 0, first = -1, allowed = 0;
+    for (int i = 0; i < s->n_vocab; i++) {
+        if (isnan(logits[i]) || logits[i] == INFINITY) {
+            if (first < 0) first = i;
+            bad++;
+        } else {
+            allowed += logits[i] != -INFINITY;
+        }
+    }
+    if (bad) {
+        snprintf(s->error, sizeof s->error, "the model produced %d non-finite logits of %d (token %d: %s)", bad,
+                 s->n_vocab, first, isnan(logits[first]) ? "NaN" : "+inf");
+        return -1;
+    }
+    if (!allowed) {
+        snprintf(s->error, sizeof s->error, "every one of the %d tokens is forbidden (-inf): nothing to sample",
+                 s->n_vocab);
+        return -1;
+    }
+    return 0;
+}
+
+const char *sampler_error(const sampler *s) { return s->error; }
+
 static void sampler_penalise(sampler *s, float *logits) {
     int n = s->n_vocab;
-    for (int i = 0; i < n; i++) {
-        if (isnan(logits[i])) logits[i] = -INFINITY;
-        else if (logits[i] == INFINITY) logits[i] = FLT_MAX;
-    }
     if (s->p.presence_penalty == 0 && s->p.frequency_penalty == 0) return;
     for (int i = 0; i < n; i++)
         if (s->counts[i]) logits[i] -= s->p.presence_penalty + s->p.frequency_penalty * (float)s->counts[i];
@@ -189,6 +210,7 @@ static int32_t sampler_draw(sampler *s, const float *logits) {
 }
 
 int32_t sampler_sample(sampler *s, float *logits, sample_result *out) {
+    if (sampler_check_logits(s, logits)) return -1;
     sampler_penalise(s, logits);
     int32_t id = s->p.temperature <= 0 ? sampler_greedy(logits, s->n_vocab) : sampler_draw(s, logits);
     if (out) sampler_logprobs(s, logits, id, out);

@@ -1,7 +1,8 @@
 /* sample.h — picking the next token from logits: presence/frequency penalties, temperature, top-k, top-p,
  * min-p, a seeded per-sampler RNG (xoshiro256**, no global state) and log-probabilities of the chosen token
  * and its best alternatives. Temperature 0 is greedy (ties go to the lowest id), so it is deterministic;
- * with the same seed and logits, sampling is reproducible. */
+ * with the same seed and logits, sampling is reproducible. Logits that are NaN or +inf (a broken model or
+ * kernel) are an error, never a token: -inf alone means "forbidden". */
 #ifndef DF_SAMPLE_H
 #define DF_SAMPLE_H
 
@@ -51,13 +52,18 @@ typedef struct sampler {
     uint32_t *counts;   /* occurrences of each id in the generated text, for the penalties */
     int32_t *idx;       /* scratch: candidate ids */
     float *val;         /* scratch: candidate logits / probabilities */
+    char error[160];    /* why the last sampler_sample returned -1 */
 } sampler;
 
 void sampler_init(sampler *s, const sample_params *p, int n_vocab);
 void sampler_free(sampler *s);
 /* Records a generated token (penalties). */
 void sampler_accept(sampler *s, int32_t id);
-/* Picks a token from logits[n_vocab] (modified in place: penalties are applied). out may be NULL. */
+/* Picks a token from logits[n_vocab] (modified in place: penalties are applied). out may be NULL. Returns -1
+ * (sampler_error says why) when a logit is NaN or +inf, or when every token is forbidden (-inf). */
 int32_t sampler_sample(sampler *s, float *logits, sample_result *out);
+/* -1 with the reason in s->error when logits[n_vocab] hold a NaN or +inf, else 0. */
+int sampler_check_logits(sampler *s, const float *logits);
+const char *sampler_error(const sampler *s);
 
 #endif

@@ -196,6 +196,13 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
                     origin);
         return http_send_error(s, c, cc, &err, NULL);
     }
+    /* without a key, a name rebound to this machine must not reach it (with one, the key is the guard) */
+    if (!s->o.api_key && !guard_host_allowed(host, s->o.host, s->o.hosts, s->o.n_hosts)) {
+        srv_err_set(&err, 403, "invalid_request_error", "host_not_allowed", NULL,
+                    "Requests for the host %.200s are not answered (start the server with --allowed-host NAME, or "
+                    "with an API key).", host);
+        return http_send_error(s, c, cc, &err, NULL);
+    }
     if (!strcmp(method, "OPTIONS") && origin) {   /* CORS preflight */
         struct MHD_Response *rsp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         MHD_add_response_header(rsp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");

@@ -351,6 +351,100 @@ enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx 
 
 /* ---- /tokenize and /detokenize, as llama-server has them ---- */
 
+/* /tokenize's answer is written while it is sent, a few hundred tokens at a time: besides the request it
+ * holds only the ids (4 bytes a token), where a JSON tree of the answer took ~130 bytes per byte of text. */
+typedef struct tok_stream {
+    srv *s;
+    conn_ctx *cc;
+    tok_ids ids;
+    int pieces;
+    size_t next;        /* ids written into buf */
+    int closed;         /* the closing bracket is in buf */
+    text_buf buf;
+    size_t off;         /* bytes of buf already sent */
+} tok_stream;
+
+/* A piece that is whole UTF-8 as a JSON string, else (part of a character) as its bytes, as llama-server. */
+static void tok_piece(text_buf *b, const uint8_t *p, size_t n) {
+    int text = 1;
+    for (size_t i = 0; i < n && text;) {
+        int k = utf8_valid_len(p + i, n - i);
+        if (k <= 0) text = 0;
+        else i += (size_t)k;
+    }
+    if (!text) {
+        text_buf_puts(b, "[");
+        for (size_t i = 0; i < n; i++) text_buf_printf(b, "%s%u", i ? "," : "", p[i]);
+        text_buf_puts(b, "]");
+        return;
+    }
+    text_buf_puts(b, "\"");
+    for (size_t i = 0; i < n; i++) {
+        uint8_t c = p[i];
+        if (c == '"' || c == '\\') text_buf_printf(b, "\\%c", c);
+        else if (c < 0x20) text_buf_printf(b, "\\u%04x", c);
+        else text_buf_append(b, (const char *)&c, 1);
+    }
+    text_buf_puts(b, "\"");
+}
+
+static ssize_t tok_stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
+    tok_stream *t = cls;
+    if (t->off == t->buf.len) {
+        text_buf_clear(&t->buf);
+        t->off = 0;
+        if (t->closed) return MHD_CONTENT_READER_END_OF_STREAM;
+        if (!t->next) text_buf_puts(&t->buf, "{\"tokens\":[");
+        for (int k = 0; k < 256 && t->next < t->ids.n; k++, t->next++) {
+            int32_t id = t->ids.v[t->next];
+            if (t->next) text_buf_puts(&t->buf, ",");
+            if (!t->pieces) {
+                text_buf_printf(&t->buf, "%d", (int)id);
+                continue;
+            }
+            size_t n = 0;
+            const uint8_t *p = tokenizer_token_bytes(t->s->tok, id, &n);
+            text_buf_printf(&t->buf, "{\"id\":%d,\"piece\":", (int)id);
+            tok_piece(&t->buf, p ? p : (const uint8_t *)"", p ? n : 0);
+            text_buf_puts(&t->buf, "}");
+        }
+        if (t->next == t->ids.n) {
+            text_buf_puts(&t->buf, "]}");
+            t->closed = 1;
+        }
+    }
+    size_t n = DF_MIN(max, t->buf.len - t->off);
+    memcpy(buf, t->buf.p + t->off, n);
+    t->off += n;
+    return (ssize_t)n;
+}
+
+static void tok_stream_free(void *cls) {
+    tok_stream *t = cls;
+    tok_ids_free(&t->ids);
+    text_buf_free(&t->buf);
+    http_conn_unref(t->cc);
+    free(t);
+}
+
+/* Answers with the ids (taken over); the request's body and parsed JSON are gone by then. */
+static enum MHD_Result send_tokens(srv *s, struct MHD_Connection *c, conn_ctx *cc, tok_ids *ids, int pieces) {
+    tok_stream *t = xcalloc(1, sizeof *t);
+    t->s = s;
+    t->cc = cc;
+    t->ids = *ids;
+    t->pieces = pieces;
+    memset(ids, 0, sizeof *ids);
+    pthread_mutex_lock(&s->mu);
+    cc->refs++;
+    pthread_mutex_unlock(&s->mu);
+    struct MHD_Response *rsp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 64 * 1024, tok_stream_read, t,
+                                                                 tok_stream_free);
+    MHD_add_response_header(rsp, "Content-Type", "application/json");
+    MHD_add_response_header(rsp, "Cache-Control", "no-store");
+    return http_queue_response(s, c, cc, 200, rsp);
+}
+
 enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err err = {0};
     if (!parse_enter(s)) {
@@ -366,7 +460,7 @@ enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *c
     } else if (cc->r == R_TOKENIZE) {
         json_t *content = json_object_get(root, "content");
         json_t *add = json_object_get(root, "add_special"), *parse = json_object_get(root, "parse_special");
-        json_t *pieces = json_object_get(root, "with_pieces");
+        int pieces = json_is_true(json_object_get(root, "with_pieces"));
         tok_ids ids = {0};
         if (!json_is_string(content)) {
             srv_err_set(&err, 400, "invalid_request_error", "invalid_type", "content", "'content' must be a string.");
@@ -376,19 +470,13 @@ enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *c
                                  parse ? json_is_true(parse) : 1, &ids, &de))
                 srv_err_set(&err, 400, "invalid_request_error", "invalid_value", "content", "%s", de.msg);
         }
-        if (!err.status) {
-            json_t *a = json_array();
-            for (size_t i = 0; i < ids.n; i++) {
-                if (!json_is_true(pieces)) {
-                    json_array_append_new(a, json_integer(ids.v[i]));
-                    continue;
-                }
-                size_t n = 0;
-                const uint8_t *b = tokenizer_token_bytes(s->tok, ids.v[i], &n);
-                json_t *piece = json_stringn((const char *)b, n);
-                json_array_append_new(a, json_pack("{s:i,s:o}", "id", ids.v[i], "piece", piece ? piece : json_string("")));
-            }
-            out = json_pack("{s:o}", "tokens", a);
+        if (!err.status) {   /* what the ids were made from is no longer needed */
+            json_decref(root);
+            parse_leave(s);
+            text_buf_free(&cc->body);
+            enum MHD_Result r = send_tokens(s, c, cc, &ids, pieces);
+            tok_ids_free(&ids);
+            return r;
         }
         tok_ids_free(&ids);
     } else {

@@ -29,6 +29,8 @@ typedef struct srv_opts {
     int n_aliases;
     const char *cors[SRV_MAX_NAMES];      /* origins allowed to call from a browser ("*" = any) */
     int n_cors;
+    const char *hosts[SRV_MAX_NAMES];     /* Host names answered besides addresses, localhost and --host (no key) */
+    int n_hosts;
     int access_log;           /* one line per request on stderr (default on) */
     uint64_t slot_mem;        /* bytes for all slots' conversation state; 0 = 1/8 of the memory budget */
     int prompt_cache;         /* keep prompt states under MODEL/.deltafin/kv across restarts (default on) */

@@ -283,19 +283,44 @@ void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
     }
 }
 
+/* A call is reported as one only when it is whole: its header read, its end marker seen and its arguments
+ * a JSON object. */
+static int call_parsed(const chat_call *c) {
+    if (!c->id || !c->done) return 0;
+    json_error_t je;
+    json_t *v = json_loadb(c->args ? c->args : "", c->args_len, 0, &je);
+    int ok = json_is_object(v);
+    json_decref(v);
+    return ok;
+}
+
+/* calls that parsed, and whether every call begun did */
+static int calls_parsed(const tools_job *t, int *all) {
+    int n = 0;
+    *all = 1;
+    for (int i = 0; i < chat_tool_parser_count(t->parser); i++) {
+        int ok = call_parsed(chat_tool_parser_call(t->parser, i));
+        n += ok;
+        *all &= ok;
+    }
+    return n;
+}
+
 const char *tools_finish_reason(const srv_job *j, const char *dflt) {
     const tools_job *t = j->tools;
-    if (!t || !t->parser || !chat_tool_parser_count(t->parser) || strcmp(dflt, "stop")) return dflt;
+    int all;
+    if (!t || !t->parser || strcmp(dflt, "stop") || !calls_parsed(t, &all) || !all) return dflt;
     return "tool_calls";
 }
 
 void tools_final_message(const srv_job *j, json_t *msg) {
     const tools_job *t = j->tools;
-    if (!t || !t->parser || !chat_tool_parser_count(t->parser)) return;
+    int all;
+    if (!t || !t->parser || !calls_parsed(t, &all)) return;
     json_t *calls = json_array();
     for (int i = 0; i < chat_tool_parser_count(t->parser); i++) {
         const chat_call *c = chat_tool_parser_call(t->parser, i);
-        if (!c->id) continue;
+        if (!call_parsed(c)) continue;
         json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", c->id, "type", "function", "function",
                                                "name", respond_lossy_string((const uint8_t *)c->name, strlen(c->name)), "arguments",
                                                respond_lossy_string((const uint8_t *)c->args, c->args_len)));

@@ -35,9 +35,10 @@ void tools_job_free(srv_job *j);
 /* ---- responses ---- */
 /* Streaming: a chunk with the tool-call deltas that appeared since the last call (nothing when none). */
 void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out);
-/* "tool_calls" when the answer holds calls and ended normally, else dflt. */
+/* "tool_calls" when the answer ended normally and every call in it parsed (header, end marker, arguments a
+ * JSON object), else dflt. */
 const char *tools_finish_reason(const srv_job *j, const char *dflt);
-/* Adds message.tool_calls (content becomes null when empty). */
+/* Adds message.tool_calls, the calls that parsed (content becomes null when empty); nothing when none did. */
 void tools_final_message(const srv_job *j, json_t *msg);
 
 #endif

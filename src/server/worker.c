@@ -376,6 +376,12 @@ static void slot_start_decode(srv *s, srv_slot *sl) {
 }
 
 static void slot_end(srv *s, srv_slot *sl) {
+    if (sl->res.finish == GEN_FINISH_ERROR) {   /* the message outlives the generation state it is in */
+        df_error e = {0};
+        df_error_set(&e, DF_EINVAL, "%s", gen_state_error(sl->gen));
+        slot_release(s, sl, DF_EINVAL, &e);
+        return;
+    }
     slot_release(s, sl, sl->res.finish == GEN_FINISH_CANCELLED ? DF_ECANCELLED : DF_OK, NULL);
 }
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # test_fuzz_parsers.sh — libFuzzer (clang -fsanitize=fuzzer, ASan+UBSan) on the parsers that take outside
 # input besides the server's requests: safetensors headers (as fetch gets them from a remote), config.json,
-# the index's weight_map, the chat renderer with its output splitter, and the prompt cache's file names and
-# token files (what `serve` reads from its cache folder at every start). Each runs FUZZ_SECONDS (default 6)
+# the index's weight_map, the chat renderer with its output splitter, the prompt cache's file names and token
+# files (what `serve` reads from its cache folder at every start), and the JSON-schema compiler of constrained
+# output (a request's response_format or tool parameters). Each runs FUZZ_SECONDS (default 6)
 # from its committed seed corpus (tests/fuzz/corpus-NAME: the fixtures' real files and the reproductions of
 # past crashes); a binary is rebuilt only when a source is newer. New inputs found stay in build/fuzz.
 set -u
@@ -18,10 +19,11 @@ declare -A SRCS=(
     [index]="$storage $common"
     [chat]="$(echo src/tokenizer/*.c) $common"
     [prompt-cache]="src/server/prompt_cache_file.c $common"
+    [schema]="src/sample/grammar.c src/sample/grammar_run.c src/sample/grammar_schema.c $common"
 )
 CFL="-std=c11 -D_GNU_SOURCE -g -O1 -Iinclude -Isrc $(pkg-config --cflags jansson libcurl libpcre2-8)"
 LIBS="$(pkg-config --libs jansson libcurl libpcre2-8) -lm -pthread"
-for name in safetensors config index chat prompt-cache; do
+for name in safetensors config index chat prompt-cache schema; do
     bin=$out/fuzz_${name//-/_}
     srcs="tests/fuzz/fuzz_${name//-/_}.c ${SRCS[$name]}"
     newer=$( [ -x "$bin" ] && find $srcs src/*/*.h include -newer "$bin" 2>/dev/null | head -1 || echo build)

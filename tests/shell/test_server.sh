@@ -79,7 +79,7 @@ else
     echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
 fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web tools json_schema; do
+for t in openai errors web tools json_schema harden_req; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"
@@ -88,9 +88,12 @@ done
 stop "$asan_pid" "$tmp/asan.log" "ASan"
 stop "$q1_pid" "$tmp/q1.log" "queue-1"
 
-start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load"
+start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load" --allowed-host allowed.example
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/load.test.mjs ||
     echo "not ok - tests/server/load.test.mjs exited non-zero"
+# without a key: the Host check, and /tokenize's peak memory measured on the release build
+DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_URL_NOKEY=$url DELTAFIN_PID=$pid TOKENIZE_MIB=6 timeout 300 \
+    node tests/server/harden_req.test.mjs || echo "not ok - tests/server/harden_req.test.mjs (release) exited non-zero"
 stop "$pid" "$tmp/load.log" "release"
 
 # slots, queue, churn and the connection guards (release build: timing-sensitive parts stay quick)

@@ -322,7 +322,7 @@ static char *generate(const grammar *g, const grammar_vocab *v, const tokenizer 
 /* The mask (prefix walk, plain-text shortcut inside strings, budget rule) against a token-by-token check. */
 static int mask_matches_reference(const grammar_mask *m, const tokenizer *t, int budget, int *n_allowed) {
     int32_t room = budget - 2;   /* this token and the end token */
-    if (room >= 0 && grammar_cost(m->g, &m->st) > (uint32_t)room + 1) room = INT32_MAX;
+    if ((int64_t)grammar_cost(m->g, &m->st) > (int64_t)room + 1) room = INT32_MAX;
     *n_allowed = 0;
     for (int32_t id = 0; id < tokenizer_n_vocab(t); id++) {
         size_t n;

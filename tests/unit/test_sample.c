@@ -86,13 +86,88 @@ static void test_greedy_and_filters(void) {
     draw_many(&p, q, 4, 1000, cnt);
     CHECK(cnt[0] == 1000, "low temperature sharpens to the best token");
 
-    sample_params_default(&p);
-    const float bad[4] = {NAN, -INFINITY, INFINITY, 0.0f};
-    draw_many(&p, bad, 4, 100, cnt);
-    CHECK(cnt[2] == 100, "NaN and infinite logits do not break sampling");
-    const float none[4] = {-INFINITY, -INFINITY, -INFINITY, -INFINITY};
-    draw_many(&p, none, 4, 10, cnt);
-    CHECK(cnt[0] == 10, "all -inf logits give id 0 instead of crashing");
+}
+
+/* Any NaN or +inf among the logits, wherever it is and whatever the knobs, is an error naming it; so are
+ * logits that forbid every token. Without them the same draw gives a token whose logit is finite. */
+static void test_non_finite(void) {
+    enum { TRIALS = 300, MAXV = 257 };
+    float v[MAXV], l[MAXV];
+    uint64_t x = 12345;
+    int refused = 0, named = 0, clean_ok = 0, none_refused = 0;
+    for (int t = 0; t < TRIALS; t++) {
+        x = x * 6364136223846793005ull + 1442695040888963407ull;
+        int nv = 2 + (int)((x >> 33) % (MAXV - 2)), bad_at = (int)((x >> 20) % (uint64_t)nv), kind = (int)((x >> 12) % 2);
+        sample_params p;
+        sample_params_default(&p);
+        p.temperature = (t % 3) ? 0.7f : 0.0f;
+        p.top_k = (t % 5 == 1) ? 1 + t % 7 : 0;
+        p.top_p = (t % 4 == 2) ? 0.9f : 1.0f;
+        p.min_p = (t % 6 == 3) ? 0.05f : 0.0f;
+        p.presence_penalty = (t % 7 == 4) ? 0.5f : 0.0f;
+        p.seed = (uint64_t)t;
+        for (int i = 0; i < nv; i++) v[i] = (i % 11 == 5 && i != bad_at) ? -INFINITY : (float)((x >> (i % 40)) % 997) / 50.0f;
+        sampler s;
+        sampler_init(&s, &p, nv);
+        sampler_accept(&s, (int32_t)(t % nv));
+        fill(l, v, nv);
+        int32_t id = sampler_sample(&s, l, NULL);
+        clean_ok += id >= 0 && id < nv && isfinite(v[id]);
+        fill(l, v, nv);
+        l[bad_at] = kind ? NAN : INFINITY;
+        id = sampler_sample(&s, l, NULL);
+        refused += id == -1;
+        named += id == -1 && strstr(sampler_error(&s), kind ? "NaN" : "+inf") != NULL;
+        for (int i = 0; i < nv; i++) l[i] = -INFINITY;
+        none_refused += sampler_sample(&s, l, NULL) == -1 && strstr(sampler_error(&s), "forbidden");
+        sampler_free(&s);
+    }
+    CHECK(clean_ok == TRIALS, "finite logits: a token with a finite logit every time (%d/%d)", clean_ok, TRIALS);
+    CHECK(refused == TRIALS && named == TRIALS, "one NaN/+inf anywhere: refused %d/%d, error names it %d/%d",
+          refused, TRIALS, named, TRIALS);
+    CHECK(none_refused == TRIALS, "every token forbidden: refused %d/%d", none_refused, TRIALS);
+}
+
+static int mask_none(void *ctx, float *logits, int n_vocab, int budget) {
+    for (int i = 0; i < n_vocab; i++) logits[i] = -INFINITY;
+    return 0;
+}
+
+static int count_events(void *ctx, const gen_event *ev) {
+    (*(int *)ctx)++;
+    return 0;
+}
+
+/* The decode loop reports such a step as an error (no token, no event), never as the end of the message. */
+static void test_generate_non_finite(void) {
+    enum { NV = 32 };
+    float l[NV];
+    int bad_ok = 0, dead_ok = 0, n = 0;
+    for (int t = 0; t < 40; t++) {
+        gen_config cfg = {.max_tokens = 8, .eos_id = t % 2 ? 3 : -1};
+        sample_params_default(&cfg.sp);
+        cfg.sp.temperature = t % 3 ? 1.0f : 0.0f;
+        if (t % 4 == 3) {
+            cfg.mask = mask_none;
+            for (int i = 0; i < NV; i++) l[i] = (float)i;
+        } else {
+            for (int i = 0; i < NV; i++) l[i] = (float)(i % 5);
+            l[(t * 7) % NV] = t % 2 ? NAN : INFINITY;
+        }
+        gen_state *g = gen_state_new(&cfg, NV);
+        gen_result res = {0};
+        int32_t next = -7;
+        int events = 0;
+        int end = gen_step(g, l, count_events, &events, &next, &res);
+        int ok = end == 1 && res.finish == GEN_FINISH_ERROR && events == 0 && res.ids.n == 0 && gen_state_error(g)[0];
+        if (cfg.mask) dead_ok += ok && strstr(gen_state_error(g), "constraint") != NULL;
+        else bad_ok += ok && strstr(gen_state_error(g), "non-finite") != NULL;
+        n += cfg.mask != NULL;
+        tok_ids_free(&res.ids);
+        gen_state_free(g);
+    }
+    CHECK(bad_ok == 40 - n && dead_ok == n, "gen_step: non-finite logits (%d/%d) and a constraint allowing nothing "
+          "(%d/%d) end as errors with a reason, no token emitted", bad_ok, 40 - n, dead_ok, n);
 }
 
 static void test_seed_and_penalties(void) {
@@ -282,6 +357,16 @@ static void test_generate(void) {
     df_session_eval(s, prompt, 4, logits, 0, &err);
     rc = gen_run(s, &cfg, logits, nv, on_event, &c4, &r4, &err);
     CHECK(rc == DF_ECANCELLED && r4.finish == GEN_FINISH_CANCELLED && c4.events == 3, "callback cancels generation");
+    gen_result r5;
+    cb_state c5 = {0};
+    df_session_reset(s);
+    df_session_eval(s, prompt, 4, logits, 0, &err);
+    logits[nv / 3] = NAN;
+    memset(&err, 0, sizeof err);
+    rc = gen_run(s, &cfg, logits, nv, on_event, &c5, &r5, &err);
+    CHECK(rc == DF_EINVAL && r5.finish == GEN_FINISH_ERROR && c5.events == 0 && strstr(err.msg, "NaN"),
+          "gen_run: a NaN logit fails with DF_EINVAL and a message (%s)", err.msg);
+    tok_ids_free(&r5.ids);
     tok_ids_free(&r1.ids);
     tok_ids_free(&r2.ids);
     tok_ids_free(&r3.ids);
@@ -294,6 +379,8 @@ static void test_generate(void) {
 int main(void) {
     test_rng();
     test_greedy_and_filters();
+    test_non_finite();
+    test_generate_non_finite();
     test_seed_and_penalties();
     test_logprobs();
     test_stop();

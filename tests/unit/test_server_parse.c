@@ -138,6 +138,30 @@ int main(void) {
               !guard_origin_allowed("null", "h:1", NULL, 0) && guard_origin_allowed("http://ok.example", "h:1", cors, 1) &&
               !guard_origin_allowed("http://ok.example.evil", "h:1", cors, 1) && guard_origin_allowed("http://x", NULL, any, 1),
           "Origin: none, the page's own, or an allowed one");
+    /* Host: the fixed forms are answered, any other name refused, for each port form */
+    const char *hosts_ok[] = {NULL, "127.0.0.1", "10.0.0.7", "[::1]", "[fe80::1]", "localhost", "LocalHost.", "a.localhost",
+                              "box.example", "BOX.example.", "extra.example"};
+    const char *hosts_bad[] = {"evil.example", "localhost.evil.example", "127.0.0.1.evil.example", "box.example.evil",
+                               "[::1", "[::1]x", "xlocalhost", "evil.example:x", "", ":80", "[evil.example]",
+                               "a b.localhost", "e/vil.localhost", "x@localhost"};
+    const char *extra[] = {"extra.example"};
+    int hok = 0, hbad = 0, nh = 0;
+    for (int port = 0; port < 2; port++) {
+        for (size_t i = 0; i < sizeof hosts_ok / sizeof *hosts_ok; i++) {
+            char h[80];
+            if (hosts_ok[i]) snprintf(h, sizeof h, "%s%s", hosts_ok[i], port ? ":8080" : "");
+            hok += guard_host_allowed(hosts_ok[i] ? h : NULL, "box.example", extra, 1);
+            nh++;
+        }
+        for (size_t i = 0; i < sizeof hosts_bad / sizeof *hosts_bad; i++) {
+            char h[80];
+            snprintf(h, sizeof h, "%s%s", hosts_bad[i], port && hosts_bad[i][0] ? ":8080" : "");
+            hbad += !guard_host_allowed(h, "box.example", extra, 1);
+        }
+    }
+    CHECK(hok == nh && hbad == 2 * (int)(sizeof hosts_bad / sizeof *hosts_bad),
+          "Host: addresses, localhost, the bound and allowed names answered (%d/%d), other names refused (%d/%d)", hok,
+          nh, hbad, 2 * (int)(sizeof hosts_bad / sizeof *hosts_bad));
     const char *j1 = "{\"a\":[1,2,3],\"b\":\"x,y:z\\\",\"}";
     CHECK(guard_json_values(j1, strlen(j1), 100) == 6 && guard_json_values("", 0, 100) == 0 &&
               guard_json_values("[1,2,3,4,5,6,7,8]", 17, 3) <= 5,
