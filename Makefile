@@ -145,7 +145,7 @@ $(B)/rel/src/gpu/kernel_src.o $(B)/asan/src/gpu/kernel_src.o $(B)/check/src/gpu/
 
 # On a machine with an NVIDIA GPU: the engine's tests with the GPU backend (DELTAFIN_GPU selects device 0 for every
 # engine the tests open) and the GPU's own tests; "N passed, N failed".
-test-gpu: $(BIN) $(B)/check/tests/test_gpu $(CHECK_BIN)
+test-gpu: $(BIN) $(CHECK_BIN)
 	@bash tests/run-gpu.sh
 
 include src/kernels/kernels.mk

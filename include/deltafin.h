@@ -97,6 +97,12 @@ typedef struct df_engine_opts {
                                  history, rollback record) for this many tokens, and sessions stop there (the
                                  model's context if smaller); 0: sessions are not counted and may reach the
                                  model's context */
+    /* GPU (CUDA, found at run time; the binary needs no CUDA toolkit): "auto" uses GPU 0 when a driver, NVRTC and
+     * a device are present and the model fits its budget, else the CPU (df_engine_describe says why); "off" the
+     * CPU; "N" GPU N, failing the open with the reason when it cannot be used. NULL = $DELTAFIN_GPU, else auto. */
+    const char *gpu;
+    uint64_t gpu_mem;         /* bytes of GPU memory for weights, states and working memory; 0 = the device's free
+                                 memory less a reserve; a model that does not fit is refused naming both sizes */
 } df_engine_opts;
 
 enum { DF_LOOKAHEAD_AUTO = 0, DF_LOOKAHEAD_ON = 1, DF_LOOKAHEAD_OFF = 2 };

@@ -8,6 +8,7 @@
 #include "deltafin.h"
 #include "common/util.h"
 #include "engine/engine_internal.h"
+#include "gpu/gpu.h"
 
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -61,6 +62,13 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
                      .spine_part_bytes = opts->spine_part_bytes > 0 ? (uint64_t)opts->spine_part_bytes : 0,
                      .expert_dirs = opts->expert_dirs, .preload = opts->preload};
     if (opts->ctx_tokens > 0) engine_state_share(opts, &so);
+    const char *gpu_sel = opts->gpu ? opts->gpu : getenv("DELTAFIN_GPU");
+    if (!gpu_sel || !*gpu_sel) gpu_sel = "auto";
+    int gpu_want = gpu_selection_wants(gpu_sel), gpu_explicit = gpu_want && strcmp(gpu_sel, "auto") != 0;
+    gpu_probe probe = {0};
+    if (gpu_want) gpu_probe_devices(&probe);
+    /* The GPU holds every expert: the host's cache only passes them through at open, so it stays small. */
+    if (probe.n_devices > 0 && !opts->cache_slots && !opts->mem_budget) so.cache_slots = 64;
     int rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (rc) {
         free(e);
@@ -94,6 +102,30 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
     /* the scratch arena holds a pass of the server's slots or of a prompt's chunk without growing */
     e->pass_rows = engine_fit_pass_rows(e);
     rc = model_init(&e->model, e->pass_rows, err);
+    if (!rc && gpu_want) {
+        if (probe.n_devices <= 0) {
+            if (gpu_explicit) {
+                df_error_set(err, DF_EUNSUPPORTED, "--gpu %s: %s", gpu_sel, probe.reason);
+                rc = DF_EUNSUPPORTED;
+            }
+            snprintf(e->gpu_note, sizeof e->gpu_note, "%s", probe.reason);
+        } else {
+            uint64_t states = so.state_bytes ? so.state_bytes
+                                             : state_bytes_for(&e->model.cfg, DF_MIN(4096, e->model.cfg.max_ctx),
+                                                               DF_ROLLBACK_ROWS_DEFAULT);
+            df_error ge = {0};
+            int grc = gpu_backend_open(&e->model, gpu_sel, opts->gpu_mem, states, &ge);
+            if (grc && gpu_explicit) {
+                *err = ge;
+                rc = grc;
+            } else if (grc) {
+                snprintf(e->gpu_note, sizeof e->gpu_note, "%s", ge.msg);
+            }
+        }
+        if (rc) model_free(&e->model);
+    } else if (!gpu_want) {
+        snprintf(e->gpu_note, sizeof e->gpu_note, "off");
+    }
     if (rc) {
         kern_free(&e->kern);
         config_free(&e->model.cfg);
@@ -107,6 +139,7 @@ int df_engine_open(df_engine **out, const df_engine_opts *opts, df_error *err) {
 
 void df_engine_free(df_engine *e) {
     if (!e) return;
+    gpu_backend_close(&e->model);
     model_free(&e->model);
     free(e->pass_tokens);
     free(e->pass_seg);
@@ -160,6 +193,12 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     if (n < (int)cap)
         n += snprintf(buf + n, cap - n, "working memory: %.1f MiB of scratch for passes of up to %d rows\n",
                       (double)e->model.sc.cap / (1 << 20), df_engine_pass_rows(e));
+    if (n < (int)cap && e->model.ops != model_ops_cpu()) {
+        gpu_backend_describe(&e->model, buf + n, cap - n);
+        n += (int)strlen(buf + n);
+    } else if (n < (int)cap) {
+        n += snprintf(buf + n, cap - n, "gpu: not used (%s)\n", e->gpu_note[0] ? e->gpu_note : "off");
+    }
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     return DF_OK;
 }

@@ -18,6 +18,7 @@ struct df_engine {
     int32_t *pass_tokens;
     model_seg *pass_seg;
     int pass_tokens_cap, pass_seg_cap;
+    char gpu_note[600];        /* why no GPU is used, when one was asked for ("auto") and none is */
 };
 
 struct df_session {
