@@ -266,6 +266,14 @@ typedef struct df_profile {
     double lm_head;
 } df_profile;
 DF_API void df_engine_profile(const df_engine *eng, df_profile *out);
+
+/* Where the engine's forward pass runs: "cpu" or "cuda" (df_engine_opts.gpu). */
+DF_API const char *df_engine_backend(const df_engine *eng);
+/* On a GPU engine: the device's memory read rate in GB/s, measured now over a buffer many times its cache, and
+ * the weight bytes one decode token reads there (spine matrices but the embedding table, and the top-k routed
+ * experts of every MoE layer): a benchmark's byte roofline is their quotient. 0 on the CPU. */
+DF_API double df_engine_gpu_read_gbps(df_engine *eng);
+DF_API uint64_t df_engine_decode_weight_bytes(const df_engine *eng);
 DF_API void df_engine_profile_reset(df_engine *eng);
 
 #ifdef __cplusplus

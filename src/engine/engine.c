@@ -532,3 +532,7 @@ void df_engine_profile(const df_engine *e, df_profile *out) {
 }
 
 void df_engine_profile_reset(df_engine *e) { memset(&e->model.prof, 0, sizeof e->model.prof); }
+
+const char *df_engine_backend(const df_engine *e) { return e->model.ops->name; }
+double df_engine_gpu_read_gbps(df_engine *e) { return gpu_backend_read_gbps(&e->model); }
+uint64_t df_engine_decode_weight_bytes(const df_engine *e) { return gpu_backend_decode_bytes(&e->model); }

@@ -250,6 +250,11 @@ static int upload_expert(gpu_ctx *g, const gpu_experts *x, int e, const df_exper
     return g->err;
 }
 
+static uint64_t expert_read_bytes(const df_expert *ex) {
+    return tensor_data_bytes(&ex->w1) + scale_bytes(&ex->w1) + tensor_data_bytes(&ex->w3) + scale_bytes(&ex->w3) +
+           tensor_data_bytes(&ex->w2) + scale_bytes(&ex->w2);
+}
+
 /* One layer's routed experts into one device array, read through storage a few at a time. */
 static int upload_experts(gpu_ctx *g, df_model *m, int layer, df_error *err) {
     int E = m->cfg.n_experts, rc;
@@ -260,6 +265,7 @@ static int upload_experts(gpu_ctx *g, df_model *m, int layer, df_error *err) {
     df_expert first;
     if ((rc = store_expert_acquire(m->store, layer, 0, &first, err))) return rc;
     experts_layout(&first, E, x);
+    g->decode_bytes += (uint64_t)m->cfg.topk * expert_read_bytes(&first);
     df_expert ref = first;
     store_expert_release(m->store, layer, 0);
     x->base = dev_alloc(g, (size_t)x->stride * E);
@@ -340,6 +346,7 @@ static int upload_all(gpu_ctx *g, df_model *m, df_error *err) {
         goto fail;
     int64_t per;
     int tiles = store_head_tiles(m->store, &per);
+    g->decode_bytes += tensor_data_bytes(m->w.head) + scale_bytes(m->w.head);
     if (tiles <= 1) {
         if (upload_mat(g, m->w.head)) goto fail;
     } else {   /* lm_head streamed on the host: its tiles, one after another, into one device copy */
@@ -365,6 +372,7 @@ static int upload_all(gpu_ctx *g, df_model *m, df_error *err) {
         const df_store_layer *L;
         if ((rc = store_layer_acquire(m->store, i, &L, err))) break;
         int k = layer_mats(c, i, &m->w.layers[i], mats);
+        for (int j = 0; j < k; j++) g->decode_bytes += tensor_data_bytes(mats[j]) + scale_bytes(mats[j]);
         for (int j = 0; !rc && j < k; j++) {
             rc = store_layer_need(m->store, L, mats[j], err);
             if (!rc && upload_mat(g, mats[j])) rc = g->err;
@@ -564,4 +572,43 @@ void gpu_backend_describe(const df_model *m, char *buf, size_t cap) {
              g->ordinal, g->name, g->arch, g->sms, GIB(g->total_mem), GIB(g->free_mem), GIB(g->weight_bytes),
              GIB(g->work_bytes), GIB(g->state_bytes), GIB(g->budget), g->compiled ? "compiled" : "from the cache",
              g->compile_s, g->upload_s);
+}
+
+uint64_t gpu_backend_decode_bytes(const df_model *m) {
+    return m->ops == gpu_ops() ? gpu_of(m)->decode_bytes : 0;
+}
+
+double gpu_backend_read_gbps(df_model *m) {
+    if (m->ops != gpu_ops()) return 0;
+    gpu_ctx *g = gpu_of(m);
+    g->a.cuCtxSetCurrent(g->ctx);
+    size_t n = (size_t)4 << 30, free_b = 0, total = 0;
+    g->a.cuMemGetInfo(&free_b, &total);
+    while (n > ((size_t)256 << 20) && n + ((size_t)512 << 20) > free_b) n /= 2;
+    CUdeviceptr buf = 0, out = 0;
+    CUevent e0 = NULL, e1 = NULL;
+    double best = 0;
+    unsigned blocks = (unsigned)g->sms * 8;
+    if (g->a.cuMemAlloc(&buf, n) || g->a.cuMemAlloc(&out, blocks * sizeof(float))) goto done;
+    g->a.cuMemsetD8Async(buf, 0x3c, n, g->st);
+    g->a.cuMemsetD8Async(out, 0, blocks * sizeof(float), g->st);
+    if (g->a.cuEventCreate(&e0, CU_EVENT_DEFAULT) || g->a.cuEventCreate(&e1, CU_EVENT_DEFAULT)) goto done;
+    int64_t n4 = (int64_t)(n / 16);
+    for (int rep = 0; rep < 6; rep++) {
+        void *args[] = {&buf, &n4, &out};
+        g->a.cuEventRecord(e0, g->st);
+        g->err = 0;
+        gpu_launch(g, K_READ, blocks, 1, 1, 256, 0, args);
+        g->a.cuEventRecord(e1, g->st);
+        float ms = 0;
+        if (g->err || g->a.cuEventSynchronize(e1) || g->a.cuEventElapsedTime(&ms, e0, e1)) break;
+        if (rep && ms > 0) best = DF_MAX(best, (double)n / (ms * 1e-3) / 1e9);   /* the first run warms up */
+    }
+done:
+    if (e0) g->a.cuEventDestroy(e0);
+    if (e1) g->a.cuEventDestroy(e1);
+    if (buf) g->a.cuMemFree(buf);
+    if (out) g->a.cuMemFree(out);
+    g->err = 0;
+    return best;
 }

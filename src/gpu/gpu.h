@@ -28,4 +28,10 @@ void gpu_backend_close(df_model *m);
 /* One line for `deltafin info`: the device, its memory, the plan (weights, working memory, states, budget). */
 void gpu_backend_describe(const df_model *m, char *buf, size_t cap);
 
+/* The device's memory read rate in GB/s, measured now (a few passes over a buffer many times its L2, the best);
+ * 0 when it cannot be measured. */
+double gpu_backend_read_gbps(df_model *m);
+/* The weight bytes one decode token reads on the device (spine matrices but the embedding table, top-k experts). */
+uint64_t gpu_backend_decode_bytes(const df_model *m);
+
 #endif

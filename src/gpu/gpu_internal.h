@@ -12,7 +12,7 @@
 enum {
     K_MATMUL, K_ADD, K_SIGMOID, K_MUL_SIGMOID, K_GLU, K_COPY2D, K_EMBED, K_RMSNORM, K_GATED_NORM, K_KDA_CONV,
     K_KDA_CONV_HIST, K_KDA_GATE, K_L2NORM, K_KDA_RECUR, K_MLA_QLAT, K_MLA_ATTN, K_MLA_UV, K_ROUTE, K_MOE_GATE_UP,
-    K_MOE_DOWN, K_MOE_SUM, K_ATTN_RES, K_COUNT
+    K_MOE_DOWN, K_MOE_SUM, K_ATTN_RES, K_READ, K_COUNT
 };
 
 /* A matrix in device memory, laid out as the kernels' struct wmat. */
@@ -44,6 +44,7 @@ typedef struct gpu_ctx {
     char name[128];
     size_t total_mem, free_mem;
     uint64_t budget, weight_bytes, work_bytes, state_bytes;
+    uint64_t decode_bytes;     /* weight bytes one decode token reads: spine but the embedding, top-k experts */
     gpu_map_ent *map;
     size_t map_cap, map_n;
     CUdeviceptr *allocs;       /* the weights' allocations */

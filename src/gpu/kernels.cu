@@ -698,3 +698,17 @@ extern "C" __global__ void k_attn_res(float *out, res_ptrs v, int n, const float
         out[t * d + i] = acc;
     }
 }
+
+/* ---- measuring ------------------------------------------------------------------------------------------ */
+
+/* Reads n float4s once (16-byte loads, grid-stride), leaving a per-block sum so that the reads stay: the memory
+ * read rate yardstick of `deltafin bench` on a GPU. */
+extern "C" __global__ void k_read(const float4 *p, i64 n, float *out) {
+    float s = 0.0f;
+    for (i64 i = (i64)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (i64)gridDim.x * blockDim.x) {
+        float4 v = __ldg(p + i);
+        s += v.x + v.y + v.z + v.w;
+    }
+    s = warp_sum(s);
+    if ((threadIdx.x & 31) == 0) atomicAdd(out + blockIdx.x, s);
+}
