@@ -30,6 +30,7 @@ enum {
     CU_STREAM_NON_BLOCKING = 1,
     CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1,
     CU_EVENT_DEFAULT = 0,
+    CU_MEMHOSTREGISTER_PORTABLE = 1,
 };
 
 /* The resolved entry points; NULL members were not found (only optional ones may be). */

@@ -78,6 +78,10 @@ CUdeviceptr gpu_arena(gpu_ctx *g, size_t n) {
     g->arena_used += sz;
     if (g->arena_used > g->arena_need) g->arena_need = g->arena_used;
     if (g->arena_used <= g->arena_cap) return g->arena + at;
+    if (g->mode != GPU_EAGER) {    /* a graph is captured or replayed only once its signature ran eagerly */
+        gpu_check(g, 1, "working memory outgrew its arena inside a decode graph");
+        return g->arena;
+    }
     CUdeviceptr p = 0;
     if (gpu_check(g, g->a.cuMemAlloc(&p, sz), "allocating working memory")) {
         df_die("%s (%zu bytes more than the arena's %zu)", g->msg, sz, g->arena_cap);
@@ -104,13 +108,34 @@ void gpu_arena_end_pass(gpu_ctx *g) {
 }
 
 void gpu_launch(gpu_ctx *g, int k, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, void **args) {
-    if (!gx || !gy || !gz) return;
+    if (!gx || !gy || !gz || g->mode == GPU_REPLAY) return;
     CUresult r = g->a.cuLaunchKernel(g->fn[k], gx, gy, gz, block, 1, 1, smem, g->st, args, NULL);
     if (r && !g->err) {
         char what[96];
         snprintf(what, sizeof what, "launching %s (%u x %u x %u blocks)", gpu_kernel_names[k], gx, gy, gz);
         gpu_check(g, r, what);
     }
+}
+
+void gpu_copy_async(gpu_ctx *g, CUdeviceptr dst, CUdeviceptr src, size_t bytes) {
+    if (bytes && g->mode != GPU_REPLAY) gpu_check(g, g->a.cuMemcpyDtoDAsync(dst, src, bytes, g->st), "a device copy");
+}
+
+void *gpu_host_alloc(gpu_ctx *g, size_t bytes) {
+    void *p = NULL;
+    bytes = (bytes + 4095) / 4096 * 4096;
+    if (posix_memalign(&p, 4096, bytes ? bytes : 4096)) return NULL;
+    if (g->a.cuMemHostRegister(p, bytes ? bytes : 4096, CU_MEMHOSTREGISTER_PORTABLE)) {
+        free(p);
+        return NULL;
+    }
+    return p;
+}
+
+void gpu_host_free(gpu_ctx *g, void *p) {
+    if (!p) return;
+    g->a.cuMemHostUnregister(p);
+    free(p);
 }
 
 /* ---- weights ------------------------------------------------------------------------------------------- */
@@ -417,6 +442,13 @@ static void gpu_free_ctx(gpu_ctx *g) {
     if (g->arena) g->a.cuMemFree(g->arena);
     if (g->tok) g->a.cuMemFree(g->tok);
     if (g->hist_tmp) g->a.cuMemFree(g->hist_tmp);
+    if (g->pos) g->a.cuMemFree(g->pos);
+    gpu_graph_free(g);
+    gpu_host_free(g, g->h_tok);
+    gpu_host_free(g, g->h_pos);
+    gpu_host_free(g, g->h_logits);
+    free(g->outs);
+    free(g->pass_states);
     if (g->mod) g->a.cuModuleUnload(g->mod);
     if (g->st) g->a.cuStreamDestroy(g->st);
     if (g->ctx) g->a.cuDevicePrimaryCtxRelease(g->dev);
@@ -549,6 +581,8 @@ int gpu_backend_open(df_model *m, const char *sel, uint64_t mem_budget, uint64_t
         return rc;
     }
     (void)t0;
+    const char *ge = getenv("DELTAFIN_GPU_GRAPHS");
+    g->graphs_on = !(ge && !strcmp(ge, "0"));
     m->ops = gpu_ops();
     m->be = g;
     return DF_OK;
@@ -568,10 +602,11 @@ void gpu_backend_describe(const df_model *m, char *buf, size_t cap) {
         return;
     }
     snprintf(buf, cap, "gpu: %d: %s (sm_%d, %d SMs), %.1f GiB, %.1f GiB free at open; plan: weights %.2f GiB + "
-             "working %.2f GiB + states %.2f GiB of a %.2f GiB budget; kernels %s in %.2f s, weights copied in %.1f s\n",
+             "working %.2f GiB + states %.2f GiB of a %.2f GiB budget; kernels %s in %.2f s, weights copied in %.1f s; "
+             "decode graphs %s\n",
              g->ordinal, g->name, g->arch, g->sms, GIB(g->total_mem), GIB(g->free_mem), GIB(g->weight_bytes),
              GIB(g->work_bytes), GIB(g->state_bytes), GIB(g->budget), g->compiled ? "compiled" : "from the cache",
-             g->compile_s, g->upload_s);
+             g->compile_s, g->upload_s, g->graphs_on ? "on" : "off (DELTAFIN_GPU_GRAPHS=0)");
 }
 
 uint64_t gpu_backend_decode_bytes(const df_model *m) {

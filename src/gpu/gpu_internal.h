@@ -12,7 +12,7 @@
 enum {
     K_MATMUL, K_ADD, K_SIGMOID, K_MUL_SIGMOID, K_GLU, K_COPY2D, K_EMBED, K_RMSNORM, K_GATED_NORM, K_KDA_CONV,
     K_KDA_CONV_HIST, K_KDA_GATE, K_L2NORM, K_KDA_RECUR, K_MLA_QLAT, K_MLA_ATTN, K_MLA_UV, K_ROUTE, K_MOE_GATE_UP,
-    K_MOE_DOWN, K_MOE_SUM, K_ATTN_RES, K_READ, K_COUNT
+    K_MOE_DOWN, K_MOE_SUM, K_ATTN_RES, K_READ, K_MLA_APPEND, K_COUNT
 };
 
 /* A matrix in device memory, laid out as the kernels' struct wmat. */
@@ -55,11 +55,36 @@ typedef struct gpu_ctx {
     size_t arena_cap, arena_used, arena_need;
     CUdeviceptr *spill;
     int n_spill, spill_cap;
-    CUdeviceptr tok, hist_tmp;
-    int tok_cap;
+    CUdeviceptr tok, hist_tmp, pos;   /* a pass's token ids and its segments' positions, on the device */
+    int tok_cap, pos_cap;
+    const df_state **pass_states;   /* the pass's sessions, in the order of g->pos */
+    int n_pass_states, pass_states_cap;
+    /* pinned host staging, so that a captured graph's copies read and write fixed addresses */
+    int32_t *h_tok;
+    int64_t *h_pos;
+    float *h_logits;
+    size_t h_logits_cap;       /* floats */
+    int h_tok_cap, h_pos_cap;
+    /* where a pass's logits go once the stream has drained: n floats from h_logits + off to dst */
+    struct gpu_logits_out {
+        float *dst;
+        size_t off, n;
+    } *outs;
+    int n_outs, outs_cap;
+    /* decode graphs (graph.c): a pass's kernels captured once per signature and replayed */
+    int graphs_on;
+    int mode;                  /* GPU_EAGER, GPU_CAPTURE, GPU_REPLAY for the pass in progress */
+    uint64_t sig;              /* its signature */
+    struct gpu_graph {
+        uint64_t sig, used;
+        CUgraphExec exec;      /* NULL: seen once, not captured yet */
+    } graphs[16];
+    uint64_t graph_clock, graph_replays, graph_captures;
     int err;                   /* the first failure since pass_begin (DF_OK: none) */
     char msg[512];
 } gpu_ctx;
+
+enum { GPU_EAGER = 0, GPU_CAPTURE = 1, GPU_REPLAY = 2 };
 
 static inline gpu_ctx *gpu_of(const df_model *m) { return (gpu_ctx *)m->be; }
 static inline CUdeviceptr dptr(const void *p) { return (CUdeviceptr)(uintptr_t)p; }
@@ -80,6 +105,18 @@ static inline void gpu_arena_release(gpu_ctx *g, size_t mark) { g->arena_used = 
 void gpu_arena_end_pass(gpu_ctx *g);
 /* Launches kernel k on the context's stream. */
 void gpu_launch(gpu_ctx *g, int k, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, void **args);
+
+/* A stream copy of the pass (skipped while a graph is replayed: the graph holds it). */
+void gpu_copy_async(gpu_ctx *g, CUdeviceptr dst, CUdeviceptr src, size_t bytes);
+/* Pinned host memory (registered with the driver), NULL when it cannot be had; gpu_host_free releases it. */
+void *gpu_host_alloc(gpu_ctx *g, size_t bytes);
+void gpu_host_free(gpu_ctx *g, void *p);
+
+/* Decode graphs (graph.c). At pass_begin: the pass's mode from its signature (the shape and every address its
+ * kernels take); at pass_end: capture ended and instantiated, or the graph launched. */
+void gpu_graph_begin(gpu_ctx *g, const df_model *m, const model_seg *seg, int n_seg, int T);
+int gpu_graph_end(gpu_ctx *g, int rc);
+void gpu_graph_free(gpu_ctx *g);
 
 /* The op table (gpu_ops.c). */
 const model_ops *gpu_ops(void);

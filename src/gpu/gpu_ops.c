@@ -46,9 +46,7 @@ static void ew2(gpu_ctx *g, int k, float *y, const float *x, int64_t n) {
     gpu_launch(g, k, blocks_for(n, 256), 1, 1, 256, 0, args);
 }
 
-static void dcopy(gpu_ctx *g, void *dst, const void *src, size_t bytes) {
-    if (bytes) gpu_check(g, g->a.cuMemcpyDtoDAsync(dptr(dst), dptr(src), bytes, g->st), "a device copy");
-}
+static void dcopy(gpu_ctx *g, void *dst, const void *src, size_t bytes) { gpu_copy_async(g, dptr(dst), dptr(src), bytes); }
 
 static void glu_act(gpu_ctx *g, const df_config *c, float *gt, const float *u, int64_t n) {
     CUdeviceptr gp = dptr(gt), up = dptr(u);
@@ -125,34 +123,78 @@ static void g_mem_from_host(df_model *m, void *dst, const void *host, size_t byt
 
 /* ---- the pass ---------------------------------------------------------------------------------------- */
 
-static int g_pass_begin(df_model *m, int T, df_error *err) {
+/* Pinned staging of at least n elements of size sz in *p (capacity *cap). */
+static int stage(gpu_ctx *g, void **p, int *cap, int n, size_t sz) {
+    if (n <= *cap) return 0;
+    gpu_host_free(g, *p);
+    *cap = DF_MAX(n, 2 * *cap);
+    *p = gpu_host_alloc(g, (size_t)*cap * sz);
+    if (!*p) *cap = 0;
+    return *p ? 0 : -1;
+}
+
+static int dev_buf(gpu_ctx *g, CUdeviceptr *p, int *cap, int n, size_t sz) {
+    if (n <= *cap) return 0;
+    if (*p) g->a.cuMemFree(*p);
+    *cap = DF_MAX(n, 2 * *cap);
+    if (g->a.cuMemAlloc(p, (size_t)*cap * sz)) {
+        *p = 0;
+        *cap = 0;
+        return -1;
+    }
+    return 0;
+}
+
+static int g_pass_begin(df_model *m, const model_seg *seg, int n_seg, int T, df_error *err) {
     gpu_ctx *g = gpu_of(m);
-    (void)err;
     g_current(g);
     g->err = DF_OK;
     g->msg[0] = 0;
     g->arena_used = 0;
-    if (T > g->tok_cap) {
-        if (g->tok) g->a.cuMemFree(g->tok);
-        g->tok_cap = DF_MAX(T, 2 * g->tok_cap);
-        if (gpu_check(g, g->a.cuMemAlloc(&g->tok, (size_t)g->tok_cap * sizeof(int32_t)), "token buffer")) {
-            g->tok = 0;
-            g->tok_cap = 0;
-            df_error_set(err, DF_ENOMEM, "%s", g->msg);
-            return DF_ENOMEM;
-        }
+    g->n_outs = 0;
+    size_t rows = 0;
+    for (int j = 0; j < n_seg; j++) rows += seg[j].logits ? (size_t)(seg[j].all_rows ? seg[j].T : 1) : 0;
+    int hl = (int)DF_MIN(rows * (size_t)m->cfg.vocab, (size_t)INT32_MAX / 2), hlc = (int)g->h_logits_cap;
+    if (dev_buf(g, &g->tok, &g->tok_cap, T, sizeof(int32_t)) || dev_buf(g, &g->pos, &g->pos_cap, n_seg, 8) ||
+        stage(g, (void **)&g->h_tok, &g->h_tok_cap, T, sizeof(int32_t)) ||
+        stage(g, (void **)&g->h_pos, &g->h_pos_cap, n_seg, sizeof(int64_t)) ||
+        stage(g, (void **)&g->h_logits, &hlc, hl, sizeof(float))) {
+        g->h_logits_cap = (size_t)hlc;
+        df_error_set(err, DF_ENOMEM, "GPU %d (%s): cannot allocate a pass's buffers for %d rows", g->ordinal, g->name, T);
+        return DF_ENOMEM;
     }
+    g->h_logits_cap = (size_t)hlc;
+    if (n_seg > g->outs_cap) {
+        g->outs_cap = DF_MAX(n_seg, 2 * g->outs_cap);
+        g->outs = xrealloc(g->outs, (size_t)g->outs_cap * sizeof *g->outs);
+    }
+    if (n_seg > g->pass_states_cap) {
+        g->pass_states_cap = DF_MAX(n_seg, 2 * g->pass_states_cap);
+        g->pass_states = xrealloc(g->pass_states, (size_t)g->pass_states_cap * sizeof *g->pass_states);
+    }
+    g->n_pass_states = n_seg;
+    for (int j = 0; j < n_seg; j++) {
+        g->h_pos[j] = seg[j].s->pos;
+        g->pass_states[j] = seg[j].s;
+    }
+    gpu_graph_begin(g, m, seg, n_seg, T);
+    if (g->mode != GPU_REPLAY)
+        gpu_check(g, g->a.cuMemcpyHtoDAsync(g->pos, g->h_pos, (size_t)n_seg * sizeof(int64_t), g->st), "positions");
     return DF_OK;
 }
 
 static int g_pass_end(df_model *m, int rc, df_error *err) {
     gpu_ctx *g = gpu_of(m);
+    gpu_graph_end(g, rc);
     gpu_check(g, g->a.cuStreamSynchronize(g->st), "running the pass");
     gpu_arena_end_pass(g);
     if (!rc && g->err) {
         df_error_set(err, g->err, "%s", g->msg);
         rc = g->err;
     }
+    for (int i = 0; !rc && i < g->n_outs; i++)
+        memcpy(g->outs[i].dst, g->h_logits + g->outs[i].off, g->outs[i].n * sizeof(float));
+    g->n_outs = 0;
     return rc;
 }
 
@@ -161,7 +203,9 @@ static float *g_act(df_model *m, int64_t n) { return gpu_f32(gpu_of(m), n); }
 static int g_embed(df_model *m, const int32_t *tokens, int T, float *h, df_error *err) {
     gpu_ctx *g = gpu_of(m);
     (void)err;
-    gpu_check(g, g->a.cuMemcpyHtoDAsync(g->tok, tokens, (size_t)T * sizeof(int32_t), g->st), "copying token ids");
+    memcpy(g->h_tok, tokens, (size_t)T * sizeof(int32_t));
+    if (g->mode != GPU_REPLAY)
+        gpu_check(g, g->a.cuMemcpyHtoDAsync(g->tok, g->h_tok, (size_t)T * sizeof(int32_t), g->st), "copying token ids");
     gpu_wmat w = *gpu_mat(g, m->w.embed);
     CUdeviceptr hp = dptr(h), tp = g->tok;
     void *args[] = {&hp, &tp, &w};
@@ -320,6 +364,16 @@ static void g_kda_rewind(df_model *m, df_layer_state *st, int T, int n) {
 
 #define MLA_LATENT_EPS 1e-6f
 
+/* Where a mixer block's segment starts: the position of its session before the pass, in device memory (g->pos,
+ * one per session in pass order), and the rows of it earlier blocks of the pass took (*delta). */
+static CUdeviceptr seg_pos(gpu_ctx *g, const fwd_seg *seg, int64_t *delta) {
+    int j = 0;
+    while (j < g->n_pass_states && g->pass_states[j] != seg->s) j++;
+    DF_ASSERT(j < g->n_pass_states);
+    *delta = seg->pos - seg->s->pos;
+    return g->pos + (uint64_t)j * sizeof(int64_t);
+}
+
 static int g_mla(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T, float *out) {
     df_model *m = f->m;
     gpu_ctx *g = gpu_of(m);
@@ -339,17 +393,17 @@ static int g_mla(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T
     }
     float *kv = gpu_f32(g, (int64_t)T * (Lc + Nr));
     mm(g, w->kva, x, T, kv);
+    /* The segments' positions are in device memory (g->pos, filled at pass_begin) so that a captured decode
+     * graph serves every position: a block's segment is the one its rows belong to. */
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
-        const float *row = kv + seg[j].row0 * (Lc + Nr);
-        rms(g, st->c + seg[j].pos * Lc, Lc, row, Lc + Nr, gpu_vec(g, w->kv_norm), Lc, MLA_LATENT_EPS, seg[j].T);
-        if (Nr) {
-            CUdeviceptr dp = dptr(st->r + seg[j].pos * Nr), sp = dptr(row + Lc);
-            int64_t ldd = Nr, lds = Lc + Nr;
-            int width = Nr, rows = seg[j].T;
-            void *args[] = {&dp, &ldd, &sp, &lds, &width, &rows};
-            gpu_launch(g, K_COPY2D, blocks_for(Nr, 256), (unsigned)rows, 1, 256, 0, args);
-        }
+        CUdeviceptr cp = dptr(st->c), rp = dptr(st->r), kp = dptr(kv + seg[j].row0 * (Lc + Nr)),
+                    wn = gpu_vec(g, w->kv_norm);
+        int64_t delta;
+        CUdeviceptr pp = seg_pos(g, &seg[j], &delta);
+        float eps = MLA_LATENT_EPS;
+        void *args[] = {&cp, &rp, &kp, &wn, &pp, &delta, &Lc, &Nr, &eps};
+        gpu_launch(g, K_MLA_APPEND, (unsigned)seg[j].T, 1, 1, 256, 0, args);
     }
     gpu_wmat kvb = *gpu_mat(g, w->kvb);
     float *qlat = gpu_f32(g, (int64_t)T * H * Lc), *lat = gpu_f32(g, (int64_t)T * H * Lc);
@@ -363,8 +417,9 @@ static int g_mla(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T
         const df_layer_state *st = &seg[j].s->layers[f->layer];
         CUdeviceptr lp = dptr(lat + seg[j].row0 * H * Lc), qlp = dptr(qlat + seg[j].row0 * H * Lc),
                     qp = dptr(q + seg[j].row0 * Oq), cc = dptr(st->c), cr = dptr(st->r);
-        int64_t pos0 = seg[j].pos;
-        void *args[] = {&lp, &qlp, &qp, &cc, &cr, &pos0, &H, &Lc, &Nr, &Nn, &scale};
+        int64_t delta;
+        CUdeviceptr pp = seg_pos(g, &seg[j], &delta);
+        void *args[] = {&lp, &qlp, &qp, &cc, &cr, &pp, &delta, &H, &Lc, &Nr, &Nn, &scale};
         gpu_launch(g, K_MLA_ATTN, (unsigned)H, (unsigned)seg[j].T, 1, 256, 0, args);
     }
     {
@@ -479,12 +534,14 @@ static int g_head(df_model *m, const float *h, model_seg *seg, int n_seg, df_err
         r += n;
     }
     mm(g, m->w.head, xn, rows, lg);
+    if (g->mode != GPU_REPLAY)   /* into pinned staging; pass_end hands each segment its rows */
+        gpu_check(g, g->a.cuMemcpyDtoHAsync(g->h_logits, dptr(lg), (size_t)rows * c->vocab * sizeof(float), g->st),
+                  "copying logits");
     r = 0;
     for (int j = 0; j < n_seg; j++) {
         if (!seg[j].logits) continue;
         int n = seg[j].all_rows ? seg[j].T : 1;
-        gpu_check(g, g->a.cuMemcpyDtoHAsync(seg[j].logits, dptr(lg + (int64_t)r * c->vocab),
-                                            (size_t)n * c->vocab * sizeof(float), g->st), "copying logits");
+        g->outs[g->n_outs++] = (struct gpu_logits_out){seg[j].logits, (size_t)r * c->vocab, (size_t)n * c->vocab};
         r += n;
     }
     gpu_arena_release(g, mark);

@@ -399,8 +399,9 @@ extern "C" __global__ void k_mla_qlat(float *qlat, const float *q, wmat kvb, int
 /* lat[t, h] = sum_s softmax_s((qlat . c_s + q_rope . r_s) * scale) c_s over positions s <= pos0 + t (a block per
  * (head, row)): each warp scores one position at a time, the softmax runs online over chunks of ATT_WARPS. */
 extern "C" __global__ void __launch_bounds__(256) k_mla_attn(float *lat, const float *qlat, const float *q,
-                                                             const float *cc, const float *cr, i64 pos0, int H,
-                                                             int Lc, int Nr, int Nn, float scale) {
+                                                             const float *cc, const float *cr, const i64 *posp,
+                                                             i64 delta, int H, int Lc, int Nr, int Nn, float scale) {
+    i64 pos0 = *posp + delta;   /* in device memory, so that a captured decode graph serves every position */
     __shared__ float qs[256 * ATT_LPT + 512];
     __shared__ float sc[ATT_WARPS];
     int h = blockIdx.x, t = blockIdx.y;
@@ -453,6 +454,22 @@ extern "C" __global__ void __launch_bounds__(256) k_mla_attn(float *lat, const f
         int l = threadIdx.x + k * 256;
         if (l < Lc) out[l] = acc[k] / Z;
     }
+}
+
+/* The cache rows of T new positions from pos = *posp + delta on: c[pos + t] = RMSNorm(kv[t, :Lc]) * w (eps 1e-6, squares
+ * summed in double), r[pos + t] = kv[t, Lc:Lc+Nr]. A block per row. */
+extern "C" __global__ void k_mla_append(float *c, float *r, const float *kv, const float *w, const i64 *posp,
+                                        i64 delta, int Lc, int Nr, float eps) {
+    __shared__ double sh[33];
+    int t = blockIdx.x;
+    i64 pos = *posp + delta + t;
+    const float *x = kv + (i64)t * (Lc + Nr);
+    double ss = 0.0;
+    for (int i = threadIdx.x; i < Lc; i += blockDim.x) ss += (double)x[i] * x[i];
+    ss = block_sum_d(ss, sh);
+    float inv = 1.0f / sqrtf((float)(ss / Lc) + eps);
+    for (int i = threadIdx.x; i < Lc; i += blockDim.x) c[pos * Lc + i] = x[i] * inv * w[i];
+    for (int i = threadIdx.x; i < Nr; i += blockDim.x) r[pos * Nr + i] = x[Lc + i];
 }
 
 /* o[t, h*Nv + v] = sum_l W_UV_h[v, l] lat[t, h, l]; W_UV_h is rows h*(Nn+Nv)+Nn .. +Nv of kv_b. A warp per v. */

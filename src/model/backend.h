@@ -37,10 +37,10 @@ typedef struct model_ops {
     void (*mem_to_host)(struct df_model *m, void *host, const void *src, size_t bytes);
     void (*mem_from_host)(struct df_model *m, void *dst, const void *host, size_t bytes);
 
-    /* A pass: pass_begin before its first operation, pass_end after its last (rc: the pass's status so far;
-     * returns it, or the first error the backend saw, e.g. a fault reported late by a device). act: n floats of
-     * the pass's activation memory, valid until pass_end. */
-    int (*pass_begin)(struct df_model *m, int T, df_error *err);
+    /* A pass over the segments seg[0..n_seg) (T rows in all): pass_begin before its first operation, pass_end
+     * after its last (rc: the pass's status so far; returns it, or the first error the backend saw, e.g. a fault
+     * reported late by a device). act: n floats of the pass's activation memory, valid until pass_end. */
+    int (*pass_begin)(struct df_model *m, const struct model_seg *seg, int n_seg, int T, df_error *err);
     int (*pass_end)(struct df_model *m, int rc, df_error *err);
     float *(*act)(struct df_model *m, int64_t n);
 

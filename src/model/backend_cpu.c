@@ -31,8 +31,8 @@ static void cpu_mem_zero(df_model *m, void *p, size_t bytes) {
     if (bytes) memset(p, 0, bytes);
 }
 
-static int cpu_pass_begin(df_model *m, int T, df_error *err) {
-    (void)m, (void)T, (void)err;
+static int cpu_pass_begin(df_model *m, const model_seg *seg, int n_seg, int T, df_error *err) {
+    (void)m, (void)seg, (void)n_seg, (void)T, (void)err;
     return DF_OK;
 }
 

@@ -443,7 +443,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         seg[j].s->rec_valid = 0;
         T += seg[j].T;
     }
-    rc = ops->pass_begin(m, T, err);
+    rc = ops->pass_begin(m, seg, n_seg, T, err);
     int64_t n = (int64_t)T * c->d;
     float *h = NULL;
     fwd_scratch sc = {0};
