@@ -109,7 +109,16 @@ void gpu_arena_end_pass(gpu_ctx *g) {
 
 void gpu_launch(gpu_ctx *g, int k, unsigned gx, unsigned gy, unsigned gz, unsigned block, unsigned smem, void **args) {
     if (!gx || !gy || !gz || g->mode == GPU_REPLAY) return;
+    if (g->prof_on) g->a.cuEventRecord(g->prof_e0, g->st);
     CUresult r = g->a.cuLaunchKernel(g->fn[k], gx, gy, gz, block, 1, 1, smem, g->st, args, NULL);
+    if (g->prof_on && !r) {
+        float ms = 0;
+        g->a.cuEventRecord(g->prof_e1, g->st);
+        if (!g->a.cuEventSynchronize(g->prof_e1) && !g->a.cuEventElapsedTime(&ms, g->prof_e0, g->prof_e1)) {
+            g->prof_ms[k] += ms;
+            g->prof_n[k]++;
+        }
+    }
     if (r && !g->err) {
         char what[96];
         snprintf(what, sizeof what, "launching %s (%u x %u x %u blocks)", gpu_kernel_names[k], gx, gy, gz);
@@ -434,8 +443,25 @@ void gpu_probe_devices(gpu_probe *p) {
     cu_api_unload(&a);
 }
 
+static void gpu_profile_print(gpu_ctx *g) {
+    double total = 0;
+    for (int k = 0; k < K_COUNT; k++) total += g->prof_ms[k];
+    fprintf(stderr, "gpu profile (each launch timed alone): %.1f ms in all\n", total);
+    for (int k = 0; k < K_COUNT; k++)
+        if (g->prof_n[k])
+            fprintf(stderr, "  %-16s %8llu launches %10.3f ms %8.2f us each\n", gpu_kernel_names[k],
+                    (unsigned long long)g->prof_n[k], g->prof_ms[k], 1e3 * g->prof_ms[k] / (double)g->prof_n[k]);
+}
+
 static void gpu_free_ctx(gpu_ctx *g) {
     if (g->ctx) g->a.cuCtxSetCurrent(g->ctx);
+    if (g->prof_on) gpu_profile_print(g);
+    if (getenv("DELTAFIN_GPU_DEBUG"))
+        fprintf(stderr, "gpu: decode graphs %llu captured, %llu replayed%s%s\n", (unsigned long long)g->graph_captures,
+                (unsigned long long)g->graph_replays, g->capture_refused ? "; capture refused: " : "",
+                g->capture_refused ? cu_api_errstr(&g->a, g->capture_refused) : "");
+    if (g->prof_e0) g->a.cuEventDestroy(g->prof_e0);
+    if (g->prof_e1) g->a.cuEventDestroy(g->prof_e1);
     if (g->st) g->a.cuStreamSynchronize(g->st);
     for (int i = 0; i < g->n_allocs; i++) g->a.cuMemFree(g->allocs[i]);
     for (int i = 0; i < g->n_spill; i++) g->a.cuMemFree(g->spill[i]);
@@ -583,6 +609,9 @@ int gpu_backend_open(df_model *m, const char *sel, uint64_t mem_budget, uint64_t
     (void)t0;
     const char *ge = getenv("DELTAFIN_GPU_GRAPHS");
     g->graphs_on = !(ge && !strcmp(ge, "0"));
+    const char *pe = getenv("DELTAFIN_GPU_PROFILE");
+    g->prof_on = pe && !strcmp(pe, "1") && !g->a.cuEventCreate(&g->prof_e0, CU_EVENT_DEFAULT) &&
+                 !g->a.cuEventCreate(&g->prof_e1, CU_EVENT_DEFAULT);
     m->ops = gpu_ops();
     m->be = g;
     return DF_OK;

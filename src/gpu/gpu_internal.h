@@ -80,6 +80,12 @@ typedef struct gpu_ctx {
         CUgraphExec exec;      /* NULL: seen once, not captured yet */
     } graphs[16];
     uint64_t graph_clock, graph_replays, graph_captures;
+    int capture_refused;       /* the driver's answer to the last refused cuStreamBeginCapture (0: none) */
+    /* DELTAFIN_GPU_PROFILE=1: every launch timed alone (synchronously) per kernel, printed when the engine closes */
+    int prof_on;
+    CUevent prof_e0, prof_e1;
+    double prof_ms[K_COUNT + 1];
+    uint64_t prof_n[K_COUNT + 1];
     int err;                   /* the first failure since pass_begin (DF_OK: none) */
     char msg[512];
 } gpu_ctx;

@@ -49,7 +49,7 @@ static uint64_t pass_signature(gpu_ctx *g, const df_model *m, const model_seg *s
 
 void gpu_graph_begin(gpu_ctx *g, const df_model *m, const model_seg *seg, int n_seg, int T) {
     g->mode = GPU_EAGER;
-    g->sig = g->graphs_on ? pass_signature(g, m, seg, n_seg, T) : 0;
+    g->sig = g->graphs_on && !g->prof_on ? pass_signature(g, m, seg, n_seg, T) : 0;
     if (!g->sig) return;
     g->graph_clock++;
     int lru = 0;
@@ -59,8 +59,10 @@ void gpu_graph_begin(gpu_ctx *g, const df_model *m, const model_seg *seg, int n_
             x->used = g->graph_clock;
             if (x->exec) {
                 g->mode = GPU_REPLAY;
-            } else if (!g->a.cuStreamBeginCapture(g->st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL)) {
-                g->mode = GPU_CAPTURE;
+            } else {
+                CUresult r = g->a.cuStreamBeginCapture(g->st, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+                if (!r) g->mode = GPU_CAPTURE;
+                else g->capture_refused = r;
             }
             return;
         }
