@@ -19,7 +19,8 @@ static void mm_ld(gpu_ctx *g, const gpu_wmat *w, const float *x, int64_t ldx, in
     int xvec = ldx % 4 == 0 && xp % 16 == 0;
     gpu_wmat wv = *w;
     void *args[] = {&wv, &xp, &ldx, &n, &yp, &ldy, &xvec};
-    gpu_launch(g, K_MATMUL, (unsigned)((w->rows + 7) / 8), (unsigned)((n + 7) / 8), 1, 256, 0, args);
+    gpu_launch(g, n == 1 ? K_MATMUL1 : K_MATMUL, (unsigned)((w->rows + 7) / 8), (unsigned)((n + 7) / 8), 1, 256, 0,
+               args);
 }
 
 static void mm(gpu_ctx *g, const df_tensor *t, const float *x, int n, float *y) {

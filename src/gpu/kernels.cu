@@ -93,6 +93,7 @@ __device__ __forceinline__ void warp_row_dot(const wmat &w, i64 r, const float *
         case DT_F16: {
             const uint4 *wr = (const uint4 *)((const u16 *)w.data + r * C);
             int bf = w.dt == DT_BF16;
+#pragma unroll 4
             for (i64 q = lane; q < C / 8; q += 32) {
                 uint4 a = __ldg(wr + q);
                 float f[8];
@@ -178,24 +179,35 @@ __device__ __forceinline__ void warp_row_dot(const wmat &w, i64 r, const float *
 #define MM_WARPS 8
 #define MM_NT 8
 
-/* y[i * ldy + r] = sum_c x[i * ldx + c] W[r, c] for i < n: a warp per row, MM_NT rows of x per block row. */
-extern "C" __global__ void __launch_bounds__(256) k_matmul(wmat w, const float *x, i64 ldx, int n, float *y,
-                                                           i64 ldy, int xvec) {
+/* y[i * ldy + r] = sum_c x[i * ldx + c] W[r, c] for i < n: a warp per row, NT rows of x per block row. */
+template <int NT>
+__device__ __forceinline__ void matmul_body(const wmat &w, const float *x, i64 ldx, int n, float *y, i64 ldy, int xvec) {
     i64 r = (i64)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
-    int i0 = blockIdx.y * MM_NT;
+    int i0 = blockIdx.y * NT;
     if (r >= w.rows) return;
-    int nt = min(MM_NT, n - i0);
-    float acc[MM_NT];
+    int nt = min(NT, n - i0);
+    float acc[NT];
 #pragma unroll
-    for (int j = 0; j < MM_NT; j++) acc[j] = 0.0f;
-    warp_row_dot<MM_NT>(w, r, x + (i64)i0 * ldx, ldx, nt, xvec, acc);
+    for (int j = 0; j < NT; j++) acc[j] = 0.0f;
+    warp_row_dot<NT>(w, r, x + (i64)i0 * ldx, ldx, nt, xvec, acc);
     float sc = row_scale(w, r);
     int lane = threadIdx.x & 31;
 #pragma unroll
-    for (int j = 0; j < MM_NT; j++) {
+    for (int j = 0; j < NT; j++) {
         float s = warp_sum(acc[j]);
         if (lane == j && j < nt) y[(i64)(i0 + j) * ldy + r] = s * sc;
     }
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_matmul(wmat w, const float *x, i64 ldx, int n, float *y,
+                                                           i64 ldy, int xvec) {
+    matmul_body<MM_NT>(w, x, ldx, n, y, ldy, xvec);
+}
+
+/* The one-row case (decode): fewer registers, so more warps in flight per multiprocessor; the same sums. */
+extern "C" __global__ void __launch_bounds__(256, 4) k_matmul1(wmat w, const float *x, i64 ldx, int n, float *y,
+                                                               i64 ldy, int xvec) {
+    matmul_body<1>(w, x, ldx, n, y, ldy, xvec);
 }
 
 /* ---- small elementwise pieces --------------------------------------------------------------------------- */
@@ -636,7 +648,7 @@ __device__ __forceinline__ wmat expert_mat(const experts &x, int e, int which) {
 
 /* act[(t*k + j), i] = act(gate_e[i] . z[t]) * (up_e[i] . z[t]) for e = ids[t*k + j]: a warp per row i, all of a
  * pass's (token, expert) pairs in one launch (blockIdx.y), the expert read from device memory. */
-extern "C" __global__ void __launch_bounds__(256) k_moe_gate_up(float *act, const float *z, const int *ids,
+extern "C" __global__ void __launch_bounds__(256, 4) k_moe_gate_up(float *act, const float *z, const int *ids,
                                                                 experts x, int k, int xvec, int situ, float beta,
                                                                 float beta_lin) {
     int pair = blockIdx.y, t = pair / k;
@@ -653,7 +665,7 @@ extern "C" __global__ void __launch_bounds__(256) k_moe_gate_up(float *act, cons
 }
 
 /* part[(t*k + j), r] = wts[t*k + j] * (down_e[r] . act[t*k + j]) */
-extern "C" __global__ void __launch_bounds__(256) k_moe_down(float *part, const float *act, const int *ids,
+extern "C" __global__ void __launch_bounds__(256, 4) k_moe_down(float *part, const float *act, const int *ids,
                                                              const float *wts, experts x, int avec) {
     int pair = blockIdx.y;
     i64 r = (i64)blockIdx.x * MM_WARPS + (threadIdx.x >> 5);
