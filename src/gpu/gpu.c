@@ -9,7 +9,7 @@
 #include "common/util.h"
 
 #define GPU_ALIGN 256
-#define GPU_RESERVE (1024ull << 20)   /* left free for the driver, cuBLAS-free as we are, and other processes */
+#define GPU_RESERVE (1024ull << 20)   /* left free for the driver's own use and other processes */
 #define GIB(x) ((double)(x) / (1 << 30))
 
 static size_t align_up(size_t n) { return (n + GPU_ALIGN - 1) / GPU_ALIGN * GPU_ALIGN; }
@@ -526,7 +526,6 @@ int gpu_backend_open(df_model *m, const char *sel, uint64_t mem_budget, uint64_t
         free(g);
         return rc;
     }
-    double t0 = df_now();
     if (g->a.cuDeviceGetCount(&n) || ordinal >= n) {
         df_error_set(err, DF_EUNSUPPORTED, n ? "no GPU %d: the driver sees %d device%s (0..%d)" : "no GPU %d: the driver "
                      "sees no device", ordinal, n, n == 1 ? "" : "s", n - 1);
@@ -606,7 +605,6 @@ int gpu_backend_open(df_model *m, const char *sel, uint64_t mem_budget, uint64_t
         gpu_free_ctx(g);
         return rc;
     }
-    (void)t0;
     const char *ge = getenv("DELTAFIN_GPU_GRAPHS");
     g->graphs_on = !(ge && !strcmp(ge, "0"));
     const char *pe = getenv("DELTAFIN_GPU_PROFILE");
