@@ -8,7 +8,7 @@ WARN    := -Wall -Wextra -Werror -Wno-unused-parameter
 WARN    += $(shell $(CC) -Werror -Wno-format-truncation -E -x c /dev/null >/dev/null 2>&1 && echo -Wno-format-truncation)
 CFLAGS  ?= -O2 -g
 CFLAGS  += -std=c11 -D_GNU_SOURCE $(WARN) -Iinclude -Isrc -pthread -fno-strict-aliasing $(PKG_CFLAGS)
-LDLIBS  += $(PKG_LIBS) -lm -pthread
+LDLIBS  += $(PKG_LIBS) -lm -pthread -ldl
 SAN     := -fsanitize=address,undefined -fno-omit-frame-pointer -fno-sanitize-recover=undefined
 
 # MPI (expert parallelism over several machines, src/dist): linked when the build finds an implementation
@@ -42,7 +42,7 @@ TEST_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/asan/tests/%)
 CHECK_LIB_OBJ := $(LIB_SRC:%.c=$(B)/check/%.o)
 CHECK_BIN := $(TEST_SRC:tests/unit/%.c=$(B)/check/tests/%)
 
-.PHONY: all run test check deps clean tests-build clang-check install
+.PHONY: all run test check deps clean tests-build clang-check install test-gpu
 all: $(BIN)
 
 deps:
@@ -151,6 +151,20 @@ install: $(BIN) $(B)/dist/libdeltafin.a
 
 clean:
 	rm -rf build deltafin
+
+# The GPU kernels' CUDA source, embedded as a C string (no CUDA toolkit needed to build; NVRTC compiles it at run
+# time on a machine with a GPU).
+GPU_CU := $(sort $(wildcard src/gpu/*.cu))
+$(B)/gen/gpu_kernels.inc: $(GPU_CU) scripts/embed-cu.sh
+	@mkdir -p $(dir $@)
+	@bash scripts/embed-cu.sh $(GPU_CU) >$@.tmp && mv $@.tmp $@
+$(B)/rel/src/gpu/kernel_src.o $(B)/asan/src/gpu/kernel_src.o $(B)/check/src/gpu/kernel_src.o: $(B)/gen/gpu_kernels.inc
+$(B)/rel/src/gpu/kernel_src.o $(B)/asan/src/gpu/kernel_src.o $(B)/check/src/gpu/kernel_src.o: CFLAGS += -I$(B)/gen
+
+# On a machine with an NVIDIA GPU: the engine's tests with the GPU backend (DELTAFIN_GPU selects device 0 for every
+# engine the tests open) and the GPU's own tests; "N passed, N failed".
+test-gpu: $(BIN) $(CHECK_BIN)
+	@bash tests/run-gpu.sh
 
 include src/kernels/kernels.mk
 -include $(shell find $(B) -name '*.d' 2>/dev/null)

@@ -100,6 +100,12 @@ typedef struct df_engine_opts {
     int ranks;                /* DF_RANKS_LAUNCHER: join the job an MPI launcher (mpirun) started this process in, as
                                  rank 0 of an expert-parallel engine (README "Several machines"); the other ranks
                                  call df_engine_serve. DF_RANKS_ONE (0, the default): this process alone */
+    /* GPU (CUDA, found at run time; the binary needs no CUDA toolkit): "auto" uses GPU 0 when a driver, NVRTC and
+     * a device are present and the model fits its budget, else the CPU (df_engine_describe says why); "off" the
+     * CPU; "N" GPU N, failing the open with the reason when it cannot be used. NULL = $DELTAFIN_GPU, else auto. */
+    const char *gpu;
+    uint64_t gpu_mem;         /* bytes of GPU memory for weights, states and working memory; 0 = the device's free
+                                 memory less a reserve; a model that does not fit is refused naming both sizes */
 } df_engine_opts;
 
 enum { DF_RANKS_ONE = 0, DF_RANKS_LAUNCHER = 1 };
@@ -298,6 +304,14 @@ typedef struct df_profile {
     double lm_head;
 } df_profile;
 DF_API void df_engine_profile(const df_engine *eng, df_profile *out);
+
+/* Where the engine's forward pass runs: "cpu" or "cuda" (df_engine_opts.gpu). */
+DF_API const char *df_engine_backend(const df_engine *eng);
+/* On a GPU engine: the device's memory read rate in GB/s, measured now over a buffer many times its cache, and
+ * the weight bytes one decode token reads there (spine matrices but the embedding table, and the top-k routed
+ * experts of every MoE layer): a benchmark's byte roofline is their quotient. 0 on the CPU. */
+DF_API double df_engine_gpu_read_gbps(df_engine *eng);
+DF_API uint64_t df_engine_decode_weight_bytes(const df_engine *eng);
 DF_API void df_engine_profile_reset(df_engine *eng);
 
 #ifdef __cplusplus

@@ -344,6 +344,9 @@ typedef struct bench_result {
     int ranks;                          /* expert parallelism: ranks serving the engine */
     uint64_t rank_disk[2][64];          /* each rank's expert disk bytes after prefill, after decode */
     df_net_stats net[2];                /* rank 0's traffic with the other ranks, the same two moments */
+    const char *backend;     /* "cpu" or "cuda" */
+    double gpu_gbps;         /* on a GPU: its measured memory read rate */
+    uint64_t gpu_bytes;      /* on a GPU: weight bytes per decode pass */
 } bench_result;
 
 /* Each rank's counters and the traffic between them, at moment k (0: after prefill, 1: after decode). */
@@ -403,8 +406,16 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                        (double)(r->rank_disk[1][i] - r->rank_disk[0][i]) / gen);
     double net_bpt = (double)(r->net[1].bytes_sent + r->net[1].bytes_recv - r->net[0].bytes_sent - r->net[0].bytes_recv) / gen;
     double net_wait = (r->net[1].wait_s - r->net[0].wait_s) / gen;
+    /* On a GPU every weight is in device memory: the floor is the bytes a pass reads there over the device's own
+     * measured read rate (the disk plays no part). */
+    double gpu_floor = r->gpu_gbps > 0 ? r->gpu_bytes / (r->gpu_gbps * 1e9) : 0, gpu_spp = r->decode_s / passes;
     if (json) {
-        printf("{\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
+        printf("{\"backend\":\"%s\",\"gpu_read_gbps\":%.1f,\"gpu_weight_bytes_per_pass\":%llu,"
+               "\"gpu_roofline_s_per_pass\":%.6f,\"s_per_pass\":%.6f,\"gpu_roofline_share\":%.4f,"
+               "\"prefill_tokens_per_s\":%.1f,", r->backend, r->gpu_gbps,
+               (unsigned long long)r->gpu_bytes, gpu_floor, gpu_spp, gpu_spp > 0 ? gpu_floor / gpu_spp : 0,
+               r->prefill_s > 0 ? (double)r->prompt * r->parallel / r->prefill_s : 0);
+        printf("\"spec\":\"%s\",\"passes\":%d,\"tokens_per_pass\":%.4f,\"drafted\":%d,\"accepted\":%d,", r->spec,
                r->passes, r->passes ? gen / r->passes : 0, r->drafted, r->accepted);
         printf("\"parallel\":%d,\"tokens_per_stream\":%d,\"aggregate_tokens_per_s\":%.4f,\"disk_bytes_per_pass\":%.0f,"
                "\"io_floor_s_per_pass\":%.6f,\"prefill_chunks\":%d,\"prefill_rows_per_pass\":%d,"
@@ -469,6 +480,11 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         return;
     }
     printf("model %s\n", dir);
+    if (r->gpu_gbps > 0)
+        printf("gpu: memory read %.0f GB/s (measured); %.3f GB of weights per decode pass: roofline %.3f ms, decode "
+               "%.3f ms per pass = %.1f %% of it; prefill %.0f tokens/s\n", r->gpu_gbps, r->gpu_bytes / 1e9,
+               gpu_floor * 1e3, gpu_spp * 1e3, gpu_spp > 0 ? 100 * gpu_floor / gpu_spp : 0,
+               r->prefill_s > 0 ? (double)r->prompt * r->parallel / r->prefill_s : 0);
     printf("memory: budget %.2f GiB; spine %s (%d layers streamed, %d of them in parts, %.2f GiB resident, %.2f GiB "
            "stream buffers); "
            "expert cache %d slots (%.2f GiB); %d session%s %.2f MiB\n", r->s2.mem_budget / 1073741824.0,
@@ -647,7 +663,7 @@ int bench_model(int argc, char **argv) {
         return 2;
     }
     bench_result r = {.n = n, .prompt = prompt, .lookahead = opts.lookahead, .passes = n, .parallel = parallel,
-                      .spec = spec_mode_name(sa.spec.mode)};
+                      .spec = spec_mode_name(sa.spec.mode), .backend = "cpu"};
     char perr[8192] = "";
     uint64_t probe_limit = (uint64_t)(probe_gb * 1e9);
     int probe_rc = probe_init(&r.probe, opts.model_dir, perr, sizeof perr);
@@ -742,6 +758,9 @@ int bench_model(int argc, char **argv) {
         df_engine_stats(eng, &r.s2);
         rc = bench_rank_snap(eng, &r, 1, &err);
         df_engine_profile(eng, &r.prof);
+        r.backend = df_engine_backend(eng);
+        r.gpu_gbps = df_engine_gpu_read_gbps(eng);
+        r.gpu_bytes = df_engine_decode_weight_bytes(eng);
         r.rss_peak = budget_rss_peak();
         r.n_layers = df_engine_info(eng)->n_layers;
         r.la = xcalloc((size_t)r.n_layers + 1, sizeof *r.la);

@@ -112,6 +112,23 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
         if (cli_parse_int("--ctx", arg, 1, 1L << 30, &v) < 0) return -1;
         o->ctx_tokens = v;
         return 1;
+    case CLI_OPT_GPU:
+        if (strcmp(arg, "auto") && strcmp(arg, "off") && strspn(arg, "0123456789") != strlen(arg)) {
+            fprintf(stderr, "deltafin: --gpu: expected auto, off or a device number, got '%s'\n", arg);
+            return -1;
+        }
+        if (!*arg) {
+            fprintf(stderr, "deltafin: --gpu: expected auto, off or a device number, got ''\n");
+            return -1;
+        }
+        o->gpu = arg;
+        return 1;
+    case CLI_OPT_GPU_MEM:
+        if (cli_parse_bytes(arg, &o->gpu_mem) || !o->gpu_mem) {
+            fprintf(stderr, "deltafin: --gpu-mem: bad size '%s' (examples: 40G, 512M)\n", arg);
+            return -1;
+        }
+        return 1;
     case CLI_OPT_HEAT:
         if (!strcmp(arg, "on")) o->heat = DF_HEAT_ON;
         else if (!strcmp(arg, "off")) o->heat = DF_HEAT_OFF;

@@ -8,6 +8,7 @@
 #include "deltafin.h"
 #include "common/util.h"
 #include "engine/engine_internal.h"
+#include "gpu/gpu.h"
 
 void df_engine_opts_default(df_engine_opts *o) {
     memset(o, 0, sizeof *o);
@@ -111,6 +112,7 @@ static int engine_check_share(df_engine *e, const char *folder, df_error *err) {
 static void engine_close(df_engine *e) {
     if (e->ep) ep_leader_close(e->ep);
     int failed = e->comm && comm_failed(e->comm);
+    gpu_backend_close(&e->model);
     model_free(&e->model);
     free(e->pass_tokens);
     free(e->pass_seg);
@@ -155,6 +157,21 @@ static int engine_open(df_engine **out, const df_engine_opts *opts, int worker, 
     } else if (worker) {
         rc = DF_EINVAL, df_error_set(err, DF_EINVAL, "df_engine_serve needs opts.ranks = DF_RANKS_LAUNCHER");
     }
+    const char *gpu_sel = opts->gpu ? opts->gpu : getenv("DELTAFIN_GPU");
+    if (!gpu_sel || !*gpu_sel) gpu_sel = "auto";
+    int gpu_want = gpu_selection_wants(gpu_sel), gpu_explicit = gpu_want && strcmp(gpu_sel, "auto") != 0;
+    if (!rc && multi && gpu_want) {   /* the GPU backend computes every expert itself; ranks share them on CPUs */
+        if (gpu_explicit)
+            rc = DF_EUNSUPPORTED, df_error_set(err, DF_EUNSUPPORTED, "--gpu %s: a GPU engine cannot be one rank of "
+                                               "an expert-parallel job yet (use --gpu off)", gpu_sel);
+        gpu_want = 0;
+        snprintf(e->gpu_note, sizeof e->gpu_note, "one of %d ranks: experts are shared over the ranks' CPUs",
+                 comm_size(e->comm));
+    }
+    gpu_probe probe = {0};
+    if (!rc && gpu_want) gpu_probe_devices(&probe);
+    /* The GPU holds every expert: the host's cache only passes them through at open, so it stays small. */
+    if (probe.n_devices > 0 && !opts->cache_slots && !opts->mem_budget) so.cache_slots = 64;
     if (!rc && opts->ctx_tokens > 0 && !worker) engine_state_share(opts, &so);
     if (!rc) rc = store_open_ex(&e->store, opts->model_dir, &so, err);
     if (!rc && multi) rc = engine_check_share(e, folder, err);
@@ -189,6 +206,29 @@ static int engine_open(df_engine **out, const df_engine_opts *opts, int worker, 
         if (!rc) e->model.peers = ep_peers(e->ep);
     }
     free(folder_own);
+    if (!rc && gpu_want) {
+        if (probe.n_devices <= 0) {
+            if (gpu_explicit) {
+                df_error_set(err, DF_EUNSUPPORTED, "--gpu %s: %s", gpu_sel, probe.reason);
+                rc = DF_EUNSUPPORTED;
+            }
+            snprintf(e->gpu_note, sizeof e->gpu_note, "%s", probe.reason);
+        } else {
+            uint64_t states = so.state_bytes ? so.state_bytes
+                                             : state_bytes_for(&e->model.cfg, DF_MIN(4096, e->model.cfg.max_ctx),
+                                                               DF_ROLLBACK_ROWS_DEFAULT);
+            df_error ge = {0};
+            int grc = gpu_backend_open(&e->model, gpu_sel, opts->gpu_mem, states, &ge);
+            if (grc && gpu_explicit) {
+                *err = ge;
+                rc = grc;
+            } else if (grc) {
+                snprintf(e->gpu_note, sizeof e->gpu_note, "%s", ge.msg);
+            }
+        }
+    } else if (!gpu_want && !e->gpu_note[0]) {
+        snprintf(e->gpu_note, sizeof e->gpu_note, "off");
+    }
     if (rc) {
         if (model) model_free(&e->model);
         if (kern) kern_free(&e->kern);
@@ -340,6 +380,12 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     if (n < (int)cap)
         n += snprintf(buf + n, cap - n, "working memory: %.1f MiB of scratch for passes of up to %d rows\n",
                       (double)e->model.sc.cap / (1 << 20), df_engine_pass_rows(e));
+    if (n < (int)cap && e->model.ops != model_ops_cpu()) {
+        gpu_backend_describe(&e->model, buf + n, cap - n);
+        n += (int)strlen(buf + n);
+    } else if (n < (int)cap) {
+        n += snprintf(buf + n, cap - n, "gpu: not used (%s)\n", e->gpu_note[0] ? e->gpu_note : "off");
+    }
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     n = (int)strlen(buf);
     if (e->ep && n < (int)cap)
@@ -684,3 +730,7 @@ void df_engine_profile(const df_engine *e, df_profile *out) {
 }
 
 void df_engine_profile_reset(df_engine *e) { memset(&e->model.prof, 0, sizeof e->model.prof); }
+
+const char *df_engine_backend(const df_engine *e) { return e->model.ops->name; }
+double df_engine_gpu_read_gbps(df_engine *e) { return gpu_backend_read_gbps(&e->model); }
+uint64_t df_engine_decode_weight_bytes(const df_engine *e) { return gpu_backend_decode_bytes(&e->model); }

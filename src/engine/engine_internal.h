@@ -26,6 +26,7 @@ struct df_engine {
     rank_plan plan;
     uint8_t *mask;
     dist_ep *ep;
+    char gpu_note[600];        /* why no GPU is used, when one was asked for ("auto") and none is */
 };
 
 struct df_session {

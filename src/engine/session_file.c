@@ -181,7 +181,7 @@ int df_session_load(df_session *s, const char *path, df_error *err) {
     if (!rc) {
         const uint8_t *p = payload + h.pos * sizeof(int32_t);
         size_t nl = (size_t)e->info.vocab_size * sizeof(float);
-        state_reset(&e->model, s->state);
+        state_reset(s->state->m, s->state);
         session_hist_reserve(s, h.pos ? h.pos : 1);
         memcpy(s->hist, tokens, (size_t)h.pos * sizeof(int32_t));
         s->last_valid = (int)h.flags;
@@ -190,7 +190,7 @@ int df_session_load(df_session *s, const char *path, df_error *err) {
             memcpy(s->last_logits, p, nl);
             p += nl;
         }
-        state_blob_get(&e->model, s->state, h.pos, p);
+        state_blob_get(s->state->m, s->state, h.pos, p);
         s->last_start = h.pos;
     }
     free(payload);

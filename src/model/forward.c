@@ -14,20 +14,26 @@ double model_clock(double *phase, double t0) {
     return t;
 }
 
-/* ---- state ---------------------------------------------------------------------------------------- */
+/* ---- state ----------------------------------------------------------------------------------------- */
 
-df_state *state_new(const df_model *m) {
+/* The layers' memory is the backend's (model_ops.mem_*): host memory for the CPU, device memory for a GPU. */
+static size_t kda_S_bytes(const df_config *c) { return (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float); }
+static size_t kda_conv_bytes(const df_config *c) {
+    return (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float);
+}
+
+df_state *state_new(df_model *m) {
     const df_config *c = &m->cfg;
     df_state *s = xcalloc(1, sizeof *s);
+    s->m = m;
     s->n_layers = c->n_layers;
     s->rec_max = DF_ROLLBACK_ROWS_DEFAULT;
     s->layers = xcalloc(c->n_layers, sizeof *s->layers);
     for (int i = 0; i < c->n_layers; i++) {
         df_layer_state *l = &s->layers[i];
         if (c->mixer[i] == MIXER_KDA) {
-            int64_t pk = (int64_t)c->kda_heads * c->kda_dim;
-            l->S = xcalloc((size_t)c->kda_heads * c->kda_dim * c->kda_dim, sizeof(float));
-            l->conv = xcalloc((size_t)(c->conv_w - 1) * 3 * pk + 1, sizeof(float));
+            l->S = m->ops->mem_alloc(m, kda_S_bytes(c));
+            l->conv = m->ops->mem_alloc(m, kda_conv_bytes(c) + sizeof(float));
         }
     }
     return s;
@@ -35,66 +41,71 @@ df_state *state_new(const df_model *m) {
 
 void state_free(df_state *s) {
     if (!s) return;
+    df_model *m = s->m;
     for (int i = 0; i < s->n_layers; i++) {
-        free(s->layers[i].S);
-        free(s->layers[i].conv);
-        free(s->layers[i].c);
-        free(s->layers[i].r);
-        free(s->layers[i].rec);
+        m->ops->mem_free(m, s->layers[i].S);
+        m->ops->mem_free(m, s->layers[i].conv);
+        m->ops->mem_free(m, s->layers[i].c);
+        m->ops->mem_free(m, s->layers[i].r);
+        m->ops->mem_free(m, s->layers[i].rec);
     }
     free(s->layers);
     free(s);
 }
 
-void state_reset(const df_model *m, df_state *s) {
+void state_reset(df_model *m, df_state *s) {
     const df_config *c = &m->cfg;
-    int64_t pk = (int64_t)c->kda_heads * c->kda_dim;
     for (int i = 0; i < s->n_layers; i++) {
         df_layer_state *l = &s->layers[i];
-        if (l->S) memset(l->S, 0, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
-        if (l->conv) memset(l->conv, 0, (size_t)(c->conv_w - 1) * 3 * pk * sizeof(float));
+        if (l->S) m->ops->mem_zero(m, l->S, kda_S_bytes(c));
+        if (l->conv) m->ops->mem_zero(m, l->conv, kda_conv_bytes(c));
     }
     s->pos = 0;
     s->rec_valid = 0;
 }
 
-static void mla_reserve(const df_config *c, df_layer_state *l, int64_t need) {
+static size_t mla_row_c(const df_config *c) { return (size_t)c->kv_lora * sizeof(float); }
+static size_t mla_row_r(const df_config *c) { return (size_t)(c->rope ? c->rope : 1) * sizeof(float); }
+
+static void mla_reserve(df_model *m, df_layer_state *l, int64_t need) {
+    const df_config *c = &m->cfg;
     if (need <= l->cap) return;
     int64_t cap = l->cap ? l->cap : 64;
     while (cap < need) cap *= 2;
-    l->c = xrealloc(l->c, (size_t)cap * c->kv_lora * sizeof(float));
-    l->r = xrealloc(l->r, (size_t)cap * (c->rope ? c->rope : 1) * sizeof(float));
+    l->c = m->ops->mem_realloc(m, l->c, (size_t)l->cap * mla_row_c(c), (size_t)cap * mla_row_c(c));
+    l->r = m->ops->mem_realloc(m, l->r, (size_t)l->cap * mla_row_r(c), (size_t)cap * mla_row_r(c));
     l->cap = cap;
 }
 
 /* A KDA layer's recurrent and convolution state. */
-static void kda_copy(const df_config *c, df_layer_state *d, const df_layer_state *s) {
-    memcpy(d->S, s->S, (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float));
-    memcpy(d->conv, s->conv, (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float));
+static void kda_copy(df_model *m, df_layer_state *d, const df_layer_state *s) {
+    m->ops->mem_copy(m, d->S, s->S, kda_S_bytes(&m->cfg));
+    m->ops->mem_copy(m, d->conv, s->conv, kda_conv_bytes(&m->cfg));
 }
 
 /* An MLA layer's latents and rope keys of positions 0..pos-1. */
-static void mla_copy_prefix(const df_config *c, df_layer_state *d, const df_layer_state *s, int64_t pos) {
+static void mla_copy_prefix(df_model *m, df_layer_state *d, const df_layer_state *s, int64_t pos) {
+    const df_config *c = &m->cfg;
     if (!pos) return;
-    mla_reserve(c, d, pos);
-    memcpy(d->c, s->c, (size_t)pos * c->kv_lora * sizeof(float));
-    memcpy(d->r, s->r, (size_t)pos * c->rope * sizeof(float));
+    mla_reserve(m, d, pos);
+    m->ops->mem_copy(m, d->c, s->c, (size_t)pos * c->kv_lora * sizeof(float));
+    m->ops->mem_copy(m, d->r, s->r, (size_t)pos * c->rope * sizeof(float));
 }
 
-void state_copy(const df_model *m, df_state *dst, const df_state *src) {
+void state_copy(df_model *m, df_state *dst, const df_state *src) {
     const df_config *c = &m->cfg;
     for (int i = 0; i < src->n_layers; i++) {
         df_layer_state *d = &dst->layers[i];
         const df_layer_state *s = &src->layers[i];
-        if (s->S) kda_copy(c, d, s);
-        else mla_copy_prefix(c, d, s, src->pos);
+        if (s->S) kda_copy(m, d, s);
+        else mla_copy_prefix(m, d, s, src->pos);
         if (src->rec_valid && s->rec) {
             int64_t nf = kda_record_floats(c, src->rec_T);
             if (nf > d->rec_cap) {
-                d->rec = xrealloc(d->rec, (size_t)nf * sizeof(float));
+                d->rec = m->ops->mem_realloc(m, d->rec, (size_t)d->rec_cap * sizeof(float), (size_t)nf * sizeof(float));
                 d->rec_cap = nf;
             }
-            memcpy(d->rec, s->rec, (size_t)nf * sizeof(float));
+            m->ops->mem_copy(m, d->rec, s->rec, (size_t)nf * sizeof(float));
         }
     }
     dst->pos = src->pos;
@@ -106,7 +117,7 @@ void state_copy(const df_model *m, df_state *dst, const df_state *src) {
 int state_rewind(df_model *m, df_state *s, int64_t pos) {
     if (!s->rec_valid || pos < s->rec_pos0 || pos > s->pos) return -1;
     for (int i = 0; i < s->n_layers; i++)
-        if (s->layers[i].S) kda_rewind(m, &s->layers[i], s->rec_T, (int)(pos - s->rec_pos0));
+        if (s->layers[i].S) m->ops->kda_rewind(m, &s->layers[i], s->rec_T, (int)(pos - s->rec_pos0));
     s->pos = pos;
     return 0;
 }
@@ -121,7 +132,7 @@ void state_snapshot_finish(df_model *m, df_state *snap, const df_state *s, int64
         state_rewind(m, snap, pos);
     } else {
         for (int i = 0; i < c->n_layers; i++)
-            if (!s->layers[i].S) mla_copy_prefix(c, &snap->layers[i], &s->layers[i], pos);
+            if (!s->layers[i].S) mla_copy_prefix(m, &snap->layers[i], &s->layers[i], pos);
         snap->pos = pos;
     }
     snap->rec_valid = 0;
@@ -132,7 +143,7 @@ void state_set_record_rows(df_state *s, int rows) {
     if (rows > 0) return;
     s->rec_valid = 0;
     for (int i = 0; i < s->n_layers; i++) {
-        free(s->layers[i].rec);
+        s->m->ops->mem_free(s->m, s->layers[i].rec);
         s->layers[i].rec = NULL;
         s->layers[i].rec_cap = 0;
     }
@@ -184,40 +195,39 @@ uint64_t state_blob_size(const df_model *m, int64_t pos) {
     return n * sizeof(float);
 }
 
-void state_blob_put(const df_model *m, const df_state *s, uint8_t *out) {
-    const df_config *c = &m->cfg;
-    size_t nS = (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float);
-    size_t nconv = (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float);
+void state_blob_put(const df_model *mc, const df_state *s, uint8_t *out) {
+    df_model *m = s->m;
+    const df_config *c = &mc->cfg;
+    size_t nS = kda_S_bytes(c), nconv = kda_conv_bytes(c);
     size_t nc = (size_t)s->pos * c->kv_lora * sizeof(float), nr = (size_t)s->pos * c->rope * sizeof(float);
     for (int i = 0; i < c->n_layers; i++) {
         const df_layer_state *l = &s->layers[i];
         if (c->mixer[i] == MIXER_KDA) {
-            memcpy(out, l->S, nS);
-            memcpy(out + nS, l->conv, nconv);
+            m->ops->mem_to_host(m, out, l->S, nS);
+            m->ops->mem_to_host(m, out + nS, l->conv, nconv);
             out += nS + nconv;
         } else if (s->pos) {
-            memcpy(out, l->c, nc);
-            memcpy(out + nc, l->r, nr);
+            m->ops->mem_to_host(m, out, l->c, nc);
+            m->ops->mem_to_host(m, out + nc, l->r, nr);
             out += nc + nr;
         }
     }
 }
 
-void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *in) {
+void state_blob_get(df_model *m, df_state *s, int64_t pos, const uint8_t *in) {
     const df_config *c = &m->cfg;
-    size_t nS = (size_t)c->kda_heads * c->kda_dim * c->kda_dim * sizeof(float);
-    size_t nconv = (size_t)(c->conv_w - 1) * 3 * c->kda_heads * c->kda_dim * sizeof(float);
+    size_t nS = kda_S_bytes(c), nconv = kda_conv_bytes(c);
     size_t nc = (size_t)pos * c->kv_lora * sizeof(float), nr = (size_t)pos * c->rope * sizeof(float);
     for (int i = 0; i < c->n_layers; i++) {
         df_layer_state *l = &s->layers[i];
         if (c->mixer[i] == MIXER_KDA) {
-            memcpy(l->S, in, nS);
-            memcpy(l->conv, in + nS, nconv);
+            m->ops->mem_from_host(m, l->S, in, nS);
+            m->ops->mem_from_host(m, l->conv, in + nS, nconv);
             in += nS + nconv;
         } else if (pos) {
-            mla_reserve(c, l, pos);
-            memcpy(l->c, in, nc);
-            memcpy(l->r, in + nc, nr);
+            mla_reserve(m, l, pos);
+            m->ops->mem_from_host(m, l->c, in, nc);
+            m->ops->mem_from_host(m, l->r, in + nc, nr);
             in += nc + nr;
         }
     }
@@ -233,6 +243,7 @@ typedef struct {
 } fwd_scratch;
 
 int fwd_need(df_fwd *f, const df_tensor *w) {
+    if (!f->L) return DF_OK;       /* weights resident in the backend */
     double t0 = df_now();
     int rc = store_layer_need(f->m->store, f->L, w, f->err);
     model_clock(&f->m->prof.spine_read, t0);
@@ -246,8 +257,7 @@ int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out)
 }
 
 static void rms_rows(df_fwd *f, const float *w, const float *x, int T, float *out) {
-    int d = f->m->cfg.d;
-    for (int t = 0; t < T; t++) kern_rmsnorm(out + (int64_t)t * d, x + (int64_t)t * d, w, d, f->m->cfg.eps);
+    f->m->ops->rmsnorm(f->m, w, x, T, out);
 }
 
 /* The sessions of the pass in progress, for the mixers. */
@@ -265,8 +275,8 @@ typedef struct {
 #define MIXER_BLOCK_ROWS MODEL_BLOCK_ROWS
 
 static int mixer_run(df_fwd *f, const fwd_seg *seg, int n, const float *xn, int T, float *out) {
-    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) return kda_forward(f, seg, n, xn, T, out);
-    return mla_forward(f, seg, n, xn, T, out);
+    if (f->m->cfg.mixer[f->layer] == MIXER_KDA) return f->m->ops->kda(f, seg, n, xn, T, out);
+    return f->m->ops->mla(f, seg, n, xn, T, out);
 }
 
 /* The pass's rows in blocks of about MIXER_BLOCK_ROWS: a segment longer than a block's room is split at
@@ -277,7 +287,7 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
     int d = c->d, rc = DF_OK, j = 0, in_j = 0, kda = c->mixer[f->layer] == MIXER_KDA;
     if (!kda)
         for (int i = 0; i < ps->n; i++)
-            mla_reserve(c, &ps->seg[i].s->layers[f->layer], ps->seg[i].pos + ps->seg[i].T);
+            mla_reserve(f->m, &ps->seg[i].s->layers[f->layer], ps->seg[i].pos + ps->seg[i].T);
     size_t mark = scratch_mark(f->sc);
     fwd_seg *sub = SCRATCH_NEW(f->sc, fwd_seg, ps->n);
     for (int r0 = 0; !rc && r0 < T;) {
@@ -296,7 +306,7 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
         rc = mixer_run(f, sub, n, xn + (int64_t)r0 * d, rows, out + (int64_t)r0 * d);
         for (int i = 0; !rc && kda && i < n; i++)
             if (sub[i].snap && sub[i].pos + sub[i].T == sub[i].snap_at)
-                kda_copy(c, &sub[i].snap->layers[f->layer], &sub[i].s->layers[f->layer]);
+                kda_copy(f->m, &sub[i].snap->layers[f->layer], &sub[i].s->layers[f->layer]);
         r0 += rows;
     }
     scratch_release(f->sc, mark);
@@ -306,22 +316,27 @@ static int mixer_forward(df_fwd *f, pass_segs *ps, const float *xn, int T, float
 }
 
 static int ffn_forward(df_fwd *f, const float *xn, int T, float *out) {
-    if (f->m->cfg.ffn[f->layer] == FFN_MOE) return moe_forward(f, xn, T, out);
-    return ffn_dense_forward(f, &f->w->ffn, xn, T, out);
+    if (f->m->cfg.ffn[f->layer] == FFN_MOE) return f->m->ops->moe(f, xn, T, out);
+    return f->m->ops->dense(f, xn, T, out);
+}
+
+static void guess(df_fwd *f, const float *h, int T) {
+    if (f->m->ops->guess) f->m->ops->guess(f, h, T);
 }
 
 /* Ordinary pre-norm residual layer: h += mixer(norm(h)); h += ffn(norm(h)). */
 static int layer_plain(df_fwd *f, pass_segs *s, float *h, int T, fwd_scratch *sc) {
-    int64_t n = (int64_t)T * f->m->cfg.d;
-    moe_guess(f, h, T);
+    df_model *m = f->m;
+    int64_t n = (int64_t)T * m->cfg.d;
+    guess(f, h, T);
     rms_rows(f, f->w->attn_norm, h, T, sc->norm);
     int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++) h[i] += sc->buf[i];
+    m->ops->add(m, h, sc->buf, n);
     rms_rows(f, f->w->ffn_norm, h, T, sc->norm);
     rc = ffn_forward(f, sc->norm, T, sc->buf);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++) h[i] += sc->buf[i];
+    m->ops->add(m, h, sc->buf, n);
     return DF_OK;
 }
 
@@ -335,31 +350,32 @@ typedef struct {
 } attnres_state;
 
 static void res_mix(df_fwd *f, attnres_state *ar, const float *wn, const float *wp, int T, float *out) {
-    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, wn, wp, T, f->m->cfg.d, f->m->cfg.eps, out);
+    f->m->ops->attn_res(f->m, ar->blocks, ar->nb, ar->p, wn, wp, T, out);
 }
 
 static int layer_attnres(df_fwd *f, pass_segs *s, attnres_state *ar, int T, fwd_scratch *sc, float *x) {
-    const df_config *c = &f->m->cfg;
+    df_model *m = f->m;
+    const df_config *c = &m->cfg;
     int64_t n = (int64_t)T * c->d;
     if (ar->nb) res_mix(f, ar, f->w->attn_res_norm, f->w->attn_res_proj, T, x);
-    else memcpy(x, ar->p, n * sizeof(float));
+    else m->ops->copy(m, x, ar->p, n);
     if (f->layer % c->attn_res_block == 0) {       /* close the previous block */
         ar->blocks[ar->nb++] = ar->p;
-        ar->p = SCRATCH_F32(f->sc, n);
+        ar->p = m->ops->act(m, n);
         ar->p_empty = 1;
     }
-    moe_guess(f, x, T);
+    guess(f, x, T);
     rms_rows(f, f->w->attn_norm, x, T, sc->norm);
     int rc = mixer_forward(f, s, sc->norm, T, sc->buf);
     if (rc) return rc;
-    if (ar->p_empty) memcpy(ar->p, sc->buf, n * sizeof(float));
-    else for (int64_t i = 0; i < n; i++) ar->p[i] += sc->buf[i];
+    if (ar->p_empty) m->ops->copy(m, ar->p, sc->buf, n);
+    else m->ops->add(m, ar->p, sc->buf, n);
     ar->p_empty = 0;
     res_mix(f, ar, f->w->mlp_res_norm, f->w->mlp_res_proj, T, x);
     rms_rows(f, f->w->ffn_norm, x, T, sc->norm);
     rc = ffn_forward(f, sc->norm, T, sc->buf);
     if (rc) return rc;
-    for (int64_t i = 0; i < n; i++) ar->p[i] += sc->buf[i];
+    m->ops->add(m, ar->p, sc->buf, n);
     return DF_OK;
 }
 
@@ -371,58 +387,12 @@ static int embed_tokens(df_model *m, const int32_t *tokens, int T, float *h, df_
                          t, c->vocab - 1);
             return DF_EINVAL;
         }
-        tensor_row_f32(m->w.embed, tokens[t], h + (int64_t)t * c->d);
     }
-    return DF_OK;
-}
-
-/* Logits of the rows each session asked for (all its rows, or its last), in one product over them all. */
-static int head_forward(df_model *m, const float *h, model_seg *seg, int n_seg, df_error *err) {
-    const df_config *c = &m->cfg;
-    const df_tensor *lm = m->w.head;
-    const float *w = m->w.norm;
-    int rows = 0, T = 0;
-    for (int j = 0; j < n_seg; j++) rows += seg[j].logits ? (seg[j].all_rows ? seg[j].T : 1) : 0;
-    float *xn = SCRATCH_F32(&m->sc, (int64_t)rows * c->d);
-    double t0 = df_now();
-    int r = 0;
-    for (int j = 0; j < n_seg; T += seg[j++].T) {
-        if (!seg[j].logits) continue;
-        for (int t = seg[j].all_rows ? 0 : seg[j].T - 1; t < seg[j].T; t++, r++)
-            kern_rmsnorm(xn + (int64_t)r * c->d, h + (int64_t)(T + t) * c->d, w, c->d, c->eps);
-    }
-    int one = n_seg == 1;          /* a single session gets its logits written in place */
-    float *out = one ? seg[0].logits : SCRATCH_F32(&m->sc, (int64_t)rows * c->vocab);
-    int64_t per;
-    int n_tiles = store_head_tiles(m->store, &per), rc = DF_OK;
-    if (n_tiles <= 1) kern_matmul(m->kern, lm, xn, rows, out);
-    float *part = n_tiles > 1 ? SCRATCH_F32(&m->sc, (int64_t)rows * per) : NULL;
-    for (int j = 0; j < n_tiles && n_tiles > 1 && !rc; j++) {   /* lm_head streamed: rows j*per.. of the vocabulary */
-        df_tensor tile;
-        t0 = model_clock(&m->prof.lm_head, t0);
-        rc = store_head_tile_acquire(m->store, j, &tile, err);
-        t0 = model_clock(&m->prof.spine_read, t0);
-        if (rc) break;
-        kern_matmul(m->kern, &tile, xn, rows, part);
-        store_head_tile_release(m->store, j);
-        for (int t = 0; t < rows; t++)
-            memcpy(out + (int64_t)t * c->vocab + (int64_t)j * per, part + (int64_t)t * tile.shape[0],
-                   (size_t)tile.shape[0] * sizeof(float));
-    }
-    model_clock(&m->prof.lm_head, t0);
-    r = 0;
-    for (int j = 0; !one && !rc && j < n_seg; j++) {
-        if (!seg[j].logits) continue;
-        int n = seg[j].all_rows ? seg[j].T : 1;
-        memcpy(seg[j].logits, out + (int64_t)r * c->vocab, (size_t)n * c->vocab * sizeof(float));
-        r += n;
-    }
-    return rc;
+    return m->ops->embed(m, tokens, T, h, err);
 }
 
 static void output_attnres(df_model *m, attnres_state *ar, int T, float *h) {
-    attn_res((const float *const *)ar->blocks, ar->nb, ar->p, m->w.out_res_norm, m->w.out_res_proj, T, m->cfg.d,
-             m->cfg.eps, h);
+    m->ops->attn_res(m, ar->blocks, ar->nb, ar->p, m->w.out_res_norm, m->w.out_res_proj, T, h);
 }
 
 /* Calls each session's step callback after a layer; any non-zero return cancels the pass. */
@@ -459,6 +429,7 @@ static int pass_check(const df_config *c, const model_seg *seg, int n_seg, df_er
 
 int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *tokens, df_error *err) {
     const df_config *c = &m->cfg;
+    const model_ops *ops = m->ops;
     int rc = pass_check(c, seg, n_seg, err);
     if (rc) return rc;
     double t_start = df_now();
@@ -472,32 +443,38 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         seg[j].s->rec_valid = 0;
         T += seg[j].T;
     }
+    rc = ops->pass_begin(m, seg, n_seg, T, err);
     int64_t n = (int64_t)T * c->d;
-    float *h = SCRATCH_F32(sa, n);
-    fwd_scratch sc = {SCRATCH_F32(sa, n), SCRATCH_F32(sa, n)};
+    float *h = NULL;
+    fwd_scratch sc = {0};
     attnres_state ar = {0};
-    rc = embed_tokens(m, tokens, T, h, err);
+    if (!rc) {
+        h = ops->act(m, n);
+        sc = (fwd_scratch){ops->act(m, n), ops->act(m, n)};
+        rc = embed_tokens(m, tokens, T, h, err);
+    }
     if (!rc && c->attn_res_block) {
         ar.blocks = SCRATCH_NEW(sa, float *, c->n_layers / c->attn_res_block + 2);
         ar.p = h;
-        h = SCRATCH_F32(sa, n);
+        h = ops->act(m, n);
     }
     for (int i = 0; !rc && i < c->n_layers; i++) {
         df_fwd f = {.m = m, .w = &m->w.layers[i], .layer = i, .sc = sa, .err = err};
-        const df_store_layer *L;
+        const df_store_layer *L = NULL;
         double t0 = df_now();
-        rc = store_layer_acquire(m->store, i, &L, err);
+        if (!ops->weights_resident) rc = store_layer_acquire(m->store, i, &L, err);
         model_clock(&m->prof.spine_read, t0);
         if (rc) break;
         f.L = L;
         rc = c->attn_res_block ? layer_attnres(&f, &ps, &ar, T, &sc, h) : layer_plain(&f, &ps, h, T, &sc);
-        store_layer_release(m->store, L);
+        if (L) store_layer_release(m->store, L);
         if (!rc) rc = pass_step(&ps, i, c->n_layers, err);
     }
     if (!rc && c->attn_res_block) output_attnres(m, &ar, T, h);
     int want_logits = 0;
     for (int j = 0; j < n_seg; j++) want_logits |= seg[j].logits != NULL;
-    if (!rc && want_logits) rc = head_forward(m, h, seg, n_seg, err);
+    if (!rc && want_logits) rc = ops->head(m, h, seg, n_seg, err);
+    rc = ops->pass_end(m, rc, err);
     for (int j = 0; j < n_seg; j++) {
         df_state *s = seg[j].s;
         int recorded = state_records(s, seg[j].T);
@@ -509,7 +486,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         } else if (!ps.torn && (recorded || !ps.mixed)) {
             /* Put back as before the pass: the KDA layers from the record's start, MLA by position. */
             for (int i = 0; i < ps.mixed; i++)
-                if (s->layers[i].S) kda_rewind(m, &s->layers[i], seg[j].T, 0);
+                if (s->layers[i].S) ops->kda_rewind(m, &s->layers[i], seg[j].T, 0);
             seg[j].restored = 1;
         }
     }
@@ -556,6 +533,7 @@ size_t model_scratch_bytes(const df_model *m, int T) {
 }
 
 int model_init(df_model *m, int rows, df_error *err) {
+    if (!m->ops) m->ops = model_ops_cpu();
     int rc = model_weights_bind(m, err);
     if (rc) {
         model_weights_free(&m->w);

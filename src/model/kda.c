@@ -114,12 +114,6 @@ static void kda_recur_task(void *ctx, int task, int thread) {
 
 /* ---- rollback record ------------------------------------------------------------------------------ */
 
-/* Where the parts of a layer's record lie for T rows: S and conv at the pass start, then per row the
- * pre-conv inputs (three [T, P] blocks) and the recurrence's k, v, g [T, P] and beta [T, H]. */
-typedef struct {
-    float *S0, *conv0, *pre[3], *k, *v, *g, *beta;
-} kda_record;
-
 static kda_dims kda_dims_of(const df_config *c) {
     return (kda_dims){c->kda_heads, c->kda_dim, c->conv_w, (int64_t)c->kda_heads * c->kda_dim};
 }
@@ -129,12 +123,13 @@ int64_t kda_record_floats(const df_config *c, int T) {
     return (int64_t)k.H * k.D * k.D + (int64_t)(k.W - 1) * 3 * k.P + 6 * (int64_t)T * k.P + (int64_t)T * k.H;
 }
 
-static kda_record kda_record_at(const kda_dims *k, float *base, int T) {
+kda_record kda_record_at(const df_config *c, float *base, int T) {
+    kda_dims k = kda_dims_of(c);
     kda_record r;
-    int64_t TP = (int64_t)T * k->P;
+    int64_t TP = (int64_t)T * k.P;
     r.S0 = base;
-    r.conv0 = r.S0 + (int64_t)k->H * k->D * k->D;
-    r.pre[0] = r.conv0 + (int64_t)(k->W - 1) * 3 * k->P;
+    r.conv0 = r.S0 + (int64_t)k.H * k.D * k.D;
+    r.pre[0] = r.conv0 + (int64_t)(k.W - 1) * 3 * k.P;
     r.pre[1] = r.pre[0] + TP;
     r.pre[2] = r.pre[1] + TP;
     r.k = r.pre[2] + TP;
@@ -144,21 +139,23 @@ static kda_record kda_record_at(const kda_dims *k, float *base, int T) {
     return r;
 }
 
-static kda_record kda_record_begin(const df_config *c, const kda_dims *k, df_layer_state *st, int T) {
+kda_record kda_record_begin(df_model *m, df_layer_state *st, int T) {
+    const df_config *c = &m->cfg;
+    kda_dims k = kda_dims_of(c);
     int64_t need = kda_record_floats(c, T);
     if (need > st->rec_cap) {
-        st->rec = xrealloc(st->rec, (size_t)need * sizeof(float));
+        st->rec = m->ops->mem_realloc(m, st->rec, (size_t)st->rec_cap * sizeof(float), (size_t)need * sizeof(float));
         st->rec_cap = need;
     }
-    kda_record r = kda_record_at(k, st->rec, T);
-    memcpy(r.S0, st->S, (size_t)k->H * k->D * k->D * sizeof(float));
-    memcpy(r.conv0, st->conv, (size_t)(k->W - 1) * 3 * k->P * sizeof(float));
+    kda_record r = kda_record_at(c, st->rec, T);
+    m->ops->mem_copy(m, r.S0, st->S, (size_t)k.H * k.D * k.D * sizeof(float));
+    m->ops->mem_copy(m, r.conv0, st->conv, (size_t)(k.W - 1) * 3 * k.P * sizeof(float));
     return r;
 }
 
 void kda_rewind(df_model *m, df_layer_state *st, int T, int n) {
     kda_dims k = kda_dims_of(&m->cfg);
-    kda_record r = kda_record_at(&k, st->rec, T);
+    kda_record r = kda_record_at(&m->cfg, st->rec, T);
     memcpy(st->S, r.S0, (size_t)k.H * k.D * k.D * sizeof(float));
     memcpy(st->conv, r.conv0, (size_t)(k.W - 1) * 3 * k.P * sizeof(float));
     kda_conv_state_update(&k, st->conv, (const float *const *)r.pre, n);
@@ -204,7 +201,7 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
         int64_t o0 = seg[j].row0 * k.P, n = (int64_t)seg[j].T * k.P;
         const float *xs[3] = {pre[0] + o0, pre[1] + o0, pre[2] + o0};
         if (seg[j].record) {
-            rec[j] = kda_record_begin(c, &k, st, seg[j].T);
+            rec[j] = kda_record_begin(f->m, st, seg[j].T);
             for (int i = 0; i < 3; i++) memcpy(rec[j].pre[i], xs[i], n * sizeof(float));
         }
         for (int i = 0; i < 3; i++) kda_conv(&k, w->conv[i], st->conv, i, xs[i], seg[j].T, act[i] + o0);

@@ -39,6 +39,14 @@ int mla_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
 /* KDA rollback record: the floats a layer's record takes for a pass of T rows; kda_rewind returns the
  * layer's state to n tokens after the start of the recorded pass of T rows. */
 int64_t kda_record_floats(const df_config *c, int T);
+/* Where the parts of a layer's record lie for T rows (in the backend's memory): S and conv at the pass start,
+ * then per row the pre-conv inputs (three [T, P] blocks) and the recurrence's k, v, g [T, P] and beta [T, H]. */
+typedef struct kda_record {
+    float *S0, *conv0, *pre[3], *k, *v, *g, *beta;
+} kda_record;
+kda_record kda_record_at(const df_config *c, float *base, int T);
+/* Makes room for the record of T rows in st and copies S and conv into it (the backend's mem ops). */
+kda_record kda_record_begin(df_model *m, df_layer_state *st, int T);
 void kda_rewind(df_model *m, df_layer_state *st, int T, int n);
 int ffn_dense_forward(df_fwd *f, const glu_weights *g, const float *x, int T, float *out);
 int moe_forward(df_fwd *f, const float *x, int T, float *out);

@@ -5,6 +5,7 @@
 
 #include <stdint.h>
 #include "deltafin.h"
+#include "backend.h"
 #include "config.h"
 #include "kernels/kernels.h"
 #include "residency/store.h"
@@ -49,6 +50,8 @@ typedef struct df_model {
     model_weights w;           /* bound at model_init */
     scratch sc;                /* the working memory of a pass (one pass at a time) */
     const model_peers *peers;  /* NULL: this process computes every expert */
+    const model_ops *ops;      /* where the arithmetic runs (backend.h); model_init sets the CPU's if NULL */
+    void *be;                  /* that backend's context */
 } df_model;
 
 /* After cfg, store, kern, dir and alog_per_channel are set: binds the weights (model_weights_bind) and sizes
@@ -69,7 +72,7 @@ double model_clock(double *phase, double t0);
 
 /* KDA layer: recurrent state S[h][j][v] (key channel j, value channel v) and the last W-1 pre-conv
  * inputs per channel of [q|k|v], oldest first. MLA layer: the post-norm latent c and raw rope key r of
- * every position so far. */
+ * every position so far. All in the backend's memory (model_ops.mem_*). */
 typedef struct df_layer_state {
     float *S;                  /* [Hk, Dk, Dk] */
     float *conv;               /* [W-1, 3Pk] */
@@ -82,6 +85,7 @@ typedef struct df_layer_state {
 } df_layer_state;
 
 typedef struct df_state {
+    df_model *m;               /* the model whose backend holds the layers' memory */
     int64_t pos;               /* tokens consumed */
     df_step_fn step;           /* optional per-layer callback; non-zero aborts */
     void *step_ctx;
@@ -112,10 +116,10 @@ typedef struct model_seg {
     int64_t snap_at;
 } model_seg;
 
-df_state *state_new(const df_model *m);
+df_state *state_new(df_model *m);
 void state_free(df_state *s);
-void state_reset(const df_model *m, df_state *s);
-void state_copy(const df_model *m, df_state *dst, const df_state *src);
+void state_reset(df_model *m, df_state *s);
+void state_copy(df_model *m, df_state *dst, const df_state *src);
 /* Returns the state to pos in [rec_pos0, s->pos] by replaying the KDA recurrence from the record (no weight
  * reads; the MLA caches are cut back by position). Fails (-1) without a valid record covering pos. */
 int state_rewind(df_model *m, df_state *s, int64_t pos);
@@ -132,7 +136,7 @@ uint64_t state_bytes_for(const df_config *c, int64_t n_tokens, int rollback_rows
  * state_blob_get reads them into s (which must be reset; sets s->pos). */
 uint64_t state_blob_size(const df_model *m, int64_t pos);
 void state_blob_put(const df_model *m, const df_state *s, uint8_t *out);
-void state_blob_get(const df_model *m, df_state *s, int64_t pos, const uint8_t *in);
+void state_blob_get(df_model *m, df_state *s, int64_t pos, const uint8_t *in);
 
 /* One forward pass over the rows of n_seg sessions (tokens: their rows concatenated, in seg order; each
  * state appears once): projections, norms, routing and experts run over all rows together, the KDA

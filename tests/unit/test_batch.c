@@ -229,12 +229,16 @@ static void check_reads(const char *name) {
     uint64_t loads = b.expert_loads - a.expert_loads;
     /* The streamer reads ahead asynchronously, so a pass's count varies by a layer or so: a batch reads about
      * one pass's worth, the sessions alone N (here 4) times that. */
-    CHECK(!rc && spine > 0 && spine * 2 < alone_spine,
-          "%s: a batch of %d sessions reads the spine once (%llu bytes; alone %llu)", name, N_SESS,
-          (unsigned long long)spine, (unsigned long long)alone_spine);
-    CHECK(!rc && req > 0 && req <= alone_req && loads <= req,
-          "%s: the batch asks for each expert of a layer's union once (%llu requests, %llu reads; alone %llu)",
-          name, (unsigned long long)req, (unsigned long long)loads, (unsigned long long)alone_req);
+    if (strcmp(df_engine_backend(eng), "cpu")) {   /* a GPU holds every weight: storage reads nothing per pass */
+        SKIP("weights resident on the GPU", "%s: a batch reads the spine and each expert of a union once", name);
+    } else {
+        CHECK(!rc && spine > 0 && spine * 2 < alone_spine,
+              "%s: a batch of %d sessions reads the spine once (%llu bytes; alone %llu)", name, N_SESS,
+              (unsigned long long)spine, (unsigned long long)alone_spine);
+        CHECK(!rc && req > 0 && req <= alone_req && loads <= req,
+              "%s: the batch asks for each expert of a layer's union once (%llu requests, %llu reads; alone %llu)",
+              name, (unsigned long long)req, (unsigned long long)loads, (unsigned long long)alone_req);
+    }
     df_batch_free(bt);
     for (int i = 0; i < N_SESS; i++) df_session_free(s[i]);
     df_session_free(c);
