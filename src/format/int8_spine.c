@@ -10,7 +10,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "st_write.h"
 #include "tensor_names.h"
 
