@@ -10,7 +10,7 @@ units=build/asan/tests
 shells=(tests/shell/test_*.sh)
 if [ "${1:-}" = --fast ]; then
     units=build/check/tests
-    shells=(tests/shell/test_cli_errors.sh tests/shell/test_chat_cli.sh tests/shell/test_tokenize.sh)
+    shells=(tests/shell/test_cli_errors.sh tests/shell/test_chat_cli.sh tests/shell/test_tokenize.sh tests/shell/test_layout.sh)
     export DELTAFIN_BIN=./deltafin DF=./deltafin
 fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1

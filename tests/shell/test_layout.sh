@@ -1,0 +1,88 @@
+#!/usr/bin/env bash
+# The source layout as the rooms promise it (src/ROOMS): every folder of src/ is a listed room with a README.md,
+# every file opens with a comment, no room holds more than 5,000 lines of .c/.h and no file more than 800, and
+# every quoted include names an existing header of the file's own room, of a room listed before it in src/ROOMS,
+# or the public header. A failing check names the file and the include or count at fault.
+set -u
+cd "$(dirname "$0")/../.."
+MAX_ROOM=${LAYOUT_MAX_ROOM:-5000}
+MAX_FILE=${LAYOUT_MAX_FILE:-800}
+layout_check() (   # root folder: prints the ok/not ok lines for that tree
+    cd "$1" || exit 1
+    order=$(grep -vE '^[[:space:]]*(#|$)' src/ROOMS | awk '{print $1}')
+    rank() { awk -v r="$1" '$1 == r { print NR; exit }' <<<"$order"; }
+
+    bad=0
+    for d in src/*/; do
+        r=$(basename "$d")
+        [ -n "$(rank "$r")" ] || { echo "# src/$r is not listed in src/ROOMS"; bad=1; }
+        [ -f "$d/README.md" ] || { echo "# src/$r has no README.md saying what it owns"; bad=1; }
+    done
+    for r in $order; do [ -d "src/$r" ] || { echo "# src/ROOMS lists '$r', which is not a folder of src/"; bad=1; }; done
+    [ $bad -eq 0 ] && echo "ok - every folder of src/ is a room listed in src/ROOMS with a README.md" \
+        || echo "not ok - rooms and src/ROOMS disagree"
+
+    bad=0
+    for f in src/*/*.[ch] include/*.h; do
+        head -n 1 "$f" | grep -q '^/\* ' || { echo "# $f does not open with a comment saying what it owns"; bad=1; }
+    done
+    [ $bad -eq 0 ] && echo "ok - every source file opens with a comment" || echo "not ok - files without an opening comment"
+
+    bad=0
+    for d in src/*/; do
+        n=$(cat "$d"*.[ch] 2>/dev/null | wc -l)
+        [ "$n" -le "$MAX_ROOM" ] || { echo "# ${d%/} holds $n lines of .c/.h (at most $MAX_ROOM)"; bad=1; }
+    done
+    [ $bad -eq 0 ] && echo "ok - no room over $MAX_ROOM lines" || echo "not ok - a room over $MAX_ROOM lines"
+
+    bad=0
+    for f in src/*/*.[ch] include/*.h; do
+        n=$(wc -l <"$f")
+        [ "$n" -le "$MAX_FILE" ] || { echo "# $f has $n lines (at most $MAX_FILE)"; bad=1; }
+    done
+    [ $bad -eq 0 ] && echo "ok - no file over $MAX_FILE lines" || echo "not ok - a file over $MAX_FILE lines"
+
+    # Every quoted include resolved as the compiler would (-Iinclude -Isrc, the file's own folder first).
+    bad=0 edges=0
+    for f in src/*/*.[ch]; do
+        r=$(basename "$(dirname "$f")")
+        own=$(rank "$r")
+        while IFS= read -r inc; do
+            if [ -f "$(dirname "$f")/$inc" ]; then t=$(realpath --relative-to=src "$(dirname "$f")/$inc")
+            elif [ -f "src/$inc" ]; then t=$inc
+            elif [ -f "include/$inc" ]; then continue
+            else echo "# $f includes \"$inc\", which names no header"; bad=1; continue; fi
+            case $t in */*) ;; *) echo "# $f includes \"$inc\", outside every room"; bad=1; continue ;; esac
+            tr=${t%%/*}
+            [ "$tr" = "$r" ] && continue
+            edges=$((edges + 1))
+            tk=$(rank "$tr")
+            if [ -z "$tk" ]; then echo "# $f includes \"$inc\" of '$tr', a folder not listed in src/ROOMS"; bad=1
+            elif [ "$tk" -gt "$own" ]; then echo "# $f ($r) includes \"$inc\" of $tr, which src/ROOMS lists after it"; bad=1
+            fi
+        done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
+    done
+    [ $bad -eq 0 ] && echo "ok - $edges includes between rooms all run downward (src/ROOMS)" \
+        || echo "not ok - includes that run upward or name no header"
+)
+
+layout_check . | sed 's/^ok - /ok - layout: /; s/^not ok - /not ok - layout: /'
+
+# The checker itself must catch what it is there to catch: a copy of the tree with an upward include, a
+# too-long file, a folder without README.md and an include of a missing header.
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+cp -r src include "$tmp/"
+echo '#include "server/server.h"' >>"$tmp/src/format/safetensors.c"
+echo '#include "format/no_such.h"' >>"$tmp/src/io/io.c"
+seq 1 900 | sed 's|^|// |' >>"$tmp/src/common/hash.c"
+rm -f "$tmp/src/install/README.md"
+out=$(layout_check "$tmp")
+expect() {   # name, pattern
+    if grep -q -- "$2" <<<"$out"; then echo "ok - layout checker catches $1"
+    else echo "not ok - layout checker misses $1: $(head -c 600 <<<"$out")"; fi
+}
+expect "an upward include" 'src/format/safetensors.c (format) includes "server/server.h" of server'
+expect "an include of a missing header" 'src/io/io.c includes "format/no_such.h", which names no header'
+expect "a file over the limit" "src/common/hash.c has [0-9]* lines (at most $MAX_FILE)"
+expect "a room without README.md" 'src/install has no README.md'
