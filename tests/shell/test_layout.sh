@@ -10,7 +10,10 @@ MAX_FILE=${LAYOUT_MAX_FILE:-800}
 layout_check() (   # root folder: prints the ok/not ok lines for that tree
     cd "$1" || exit 1
     order=$(grep -vE '^[[:space:]]*(#|$)' src/ROOMS | awk '{print $1}')
-    rank() { awk -v r="$1" '$1 == r { print NR; exit }' <<<"$order"; }
+    local -A ranks=()
+    local i=0 name
+    for name in $order; do i=$((i + 1)); ranks[$name]=$i; done
+    rank() { echo "${ranks[$1]:-}"; }
 
     bad=0
     for d in src/*/; do
@@ -22,46 +25,52 @@ layout_check() (   # root folder: prints the ok/not ok lines for that tree
     [ $bad -eq 0 ] && echo "ok - every folder of src/ is a room listed in src/ROOMS with a README.md" \
         || echo "not ok - rooms and src/ROOMS disagree"
 
+    # One pass of awk over every file: its first line, its length and its quoted includes.
+    local facts
+    facts=$(awk 'FNR == 1 { if (NR > 1) print "LINES", prev, n; prev = FILENAME; if ($0 !~ /^\/\* /) print "NOHEAD", FILENAME }
+                 { n = FNR }
+                 /^[[:space:]]*#[[:space:]]*include[[:space:]]*"/ { s = $0; sub(/^[^"]*"/, "", s); sub(/".*/, "", s)
+                                                                    print "INC", FILENAME, s }
+                 END { print "LINES", prev, n }' src/*/*.[ch] include/*.h)
+
     bad=0
-    for f in src/*/*.[ch] include/*.h; do
-        head -n 1 "$f" | grep -q '^/\* ' || { echo "# $f does not open with a comment saying what it owns"; bad=1; }
-    done
+    while read -r _ f; do echo "# $f does not open with a comment saying what it owns"; bad=1; done < <(grep '^NOHEAD ' <<<"$facts")
     [ $bad -eq 0 ] && echo "ok - every source file opens with a comment" || echo "not ok - files without an opening comment"
 
     bad=0
-    for d in src/*/; do
-        n=$(cat "$d"*.[ch] 2>/dev/null | wc -l)
-        [ "$n" -le "$MAX_ROOM" ] || { echo "# ${d%/} holds $n lines of .c/.h (at most $MAX_ROOM)"; bad=1; }
+    local -A room_lines=()
+    local big=0
+    while read -r _ f n; do
+        [ "$n" -le "$MAX_FILE" ] || { echo "# $f has $n lines (at most $MAX_FILE)"; big=1; }
+        case $f in src/*) r=${f#src/}; r=${r%%/*}; room_lines[$r]=$(( ${room_lines[$r]:-0} + n )) ;; esac
+    done < <(grep '^LINES ' <<<"$facts")
+    for r in "${!room_lines[@]}"; do
+        [ "${room_lines[$r]}" -le "$MAX_ROOM" ] || { echo "# src/$r holds ${room_lines[$r]} lines of .c/.h (at most $MAX_ROOM)"; bad=1; }
     done
     [ $bad -eq 0 ] && echo "ok - no room over $MAX_ROOM lines" || echo "not ok - a room over $MAX_ROOM lines"
-
-    bad=0
-    for f in src/*/*.[ch] include/*.h; do
-        n=$(wc -l <"$f")
-        [ "$n" -le "$MAX_FILE" ] || { echo "# $f has $n lines (at most $MAX_FILE)"; bad=1; }
-    done
-    [ $bad -eq 0 ] && echo "ok - no file over $MAX_FILE lines" || echo "not ok - a file over $MAX_FILE lines"
+    [ $big -eq 0 ] && echo "ok - no file over $MAX_FILE lines" || echo "not ok - a file over $MAX_FILE lines"
 
     # Every quoted include resolved as the compiler would (-Iinclude -Isrc, the file's own folder first).
     bad=0 edges=0
-    for f in src/*/*.[ch]; do
-        r=$(basename "$(dirname "$f")")
-        own=$(rank "$r")
-        while IFS= read -r inc; do
-            if [ -f "$(dirname "$f")/$inc" ]; then t=$(realpath --relative-to=src "$(dirname "$f")/$inc")
-            elif [ -f "src/$inc" ]; then t=$inc
-            elif [ -f "include/$inc" ]; then continue
-            else echo "# $f includes \"$inc\", which names no header"; bad=1; continue; fi
-            case $t in */*) ;; *) echo "# $f includes \"$inc\", outside every room"; bad=1; continue ;; esac
-            tr=${t%%/*}
-            [ "$tr" = "$r" ] && continue
-            edges=$((edges + 1))
-            tk=$(rank "$tr")
-            if [ -z "$tk" ]; then echo "# $f includes \"$inc\" of '$tr', a folder not listed in src/ROOMS"; bad=1
-            elif [ "$tk" -gt "$own" ]; then echo "# $f ($r) includes \"$inc\" of $tr, which src/ROOMS lists after it"; bad=1
-            fi
-        done < <(sed -n 's/^[[:space:]]*#[[:space:]]*include[[:space:]]*"\([^"]*\)".*/\1/p' "$f")
-    done
+    while read -r _ f inc; do
+        case $f in src/*) ;; *) continue ;; esac
+        local fd=${f%/*}
+        r=${fd#src/}
+        own=${ranks[$r]:-0}
+        if [ -f "$fd/$inc" ]; then
+            case $inc in *..*) t=$(realpath --relative-to=src "$fd/$inc") ;; *) t=$r/$inc ;; esac
+        elif [ -f "src/$inc" ]; then t=$inc
+        elif [ -f "include/$inc" ]; then continue
+        else echo "# $f includes \"$inc\", which names no header"; bad=1; continue; fi
+        case $t in */*) ;; *) echo "# $f includes \"$inc\", outside every room"; bad=1; continue ;; esac
+        tr=${t%%/*}
+        [ "$tr" = "$r" ] && continue
+        edges=$((edges + 1))
+        tk=${ranks[$tr]:-}
+        if [ -z "$tk" ]; then echo "# $f includes \"$inc\" of '$tr', a folder not listed in src/ROOMS"; bad=1
+        elif [ "$tk" -gt "$own" ]; then echo "# $f ($r) includes \"$inc\" of $tr, which src/ROOMS lists after it"; bad=1
+        fi
+    done < <(grep '^INC ' <<<"$facts")
     [ $bad -eq 0 ] && echo "ok - $edges includes between rooms all run downward (src/ROOMS)" \
         || echo "not ok - includes that run upward or name no header"
 )
@@ -86,3 +95,5 @@ expect "an upward include" 'src/format/safetensors.c (format) includes "server/s
 expect "an include of a missing header" 'src/io/io.c includes "format/no_such.h", which names no header'
 expect "a file over the limit" "src/common/hash.c has [0-9]* lines (at most $MAX_FILE)"
 expect "a room without README.md" 'src/install has no README.md'
+out=$(MAX_ROOM=1000 layout_check "$tmp")
+expect "a room over the limit" "src/common holds [0-9]* lines of .c/.h (at most 1000)"
