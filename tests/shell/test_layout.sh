@@ -97,3 +97,17 @@ expect "a file over the limit" "src/common/hash.c has [0-9]* lines (at most $MAX
 expect "a room without README.md" 'src/install has no README.md'
 out=$(MAX_ROOM=1000 layout_check "$tmp")
 expect "a room over the limit" "src/common holds [0-9]* lines of .c/.h (at most 1000)"
+
+# The pictures of docs/ARCHITECTURE.md are drawn from the code: both must be what tools/room_graph.js draws now.
+if command -v node >/dev/null 2>&1; then
+    node tools/room_graph.js --svg "$tmp/rooms.svg"
+    cmp -s "$tmp/rooms.svg" docs/rooms.svg && echo "ok - layout: docs/rooms.svg is today's include graph" ||
+        echo "not ok - layout: docs/rooms.svg is out of date (node tools/room_graph.js --svg docs/rooms.svg)"
+    node tools/room_graph.js --mermaid >"$tmp/rooms.mmd"
+    sed -n '/<!-- rooms:begin -->/,/<!-- rooms:end -->/p' docs/ARCHITECTURE.md | sed '1s/.*<!-- rooms:begin -->//;$s/<!-- rooms:end -->.*//' |
+        sed '/^$/d' >"$tmp/doc.mmd"
+    cmp -s "$tmp/rooms.mmd" "$tmp/doc.mmd" && echo "ok - layout: docs/ARCHITECTURE.md's mermaid graph is today's" ||
+        echo "not ok - layout: the mermaid graph in docs/ARCHITECTURE.md is out of date (node tools/room_graph.js --mermaid)"
+else
+    echo "skip - layout: the include graph pictures (no node)"
+fi
