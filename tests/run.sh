@@ -4,19 +4,18 @@
 # The last line is "N passed, N failed", followed by ", N skipped" when N > 0, then how many test programs ran.
 # --fast (`make check`): the unit tests of the plain -O1 build (build/check/tests) and the quick CLI shell
 # tests against ./deltafin; no sanitizers, browser, server, fuzz, qemu or clang rebuild.
-# DF_TEST_JOBS=N runs N unit test binaries at a time (default: 2 with --fast, else 1), the slowest started
-# first; their results print in the order they were started. Shell tests always run one at a time.
+# DF_TEST_JOBS=N runs N unit test binaries at a time (default 2), the slowest started first; their results
+# print in the order they were started. Shell tests always run one at a time.
 set -u
 cd "$(dirname "$0")/.."
 units=build/asan/tests
 shells=(tests/shell/test_*.sh)
-jobs=${DF_TEST_JOBS:-1}
+jobs=${DF_TEST_JOBS:-2}
 if [ "${1:-}" = --fast ]; then
     units=build/check/tests
     shells=(tests/shell/test_cli_errors.sh tests/shell/test_chat_cli.sh tests/shell/test_tokenize.sh
             tests/shell/test_layout.sh)
     export DELTAFIN_BIN=./deltafin DF=./deltafin
-    jobs=${DF_TEST_JOBS:-2}
 fi
 export ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1:halt_on_error=1
 pass=0 fail=0 skip=0 programs=0

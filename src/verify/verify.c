@@ -223,6 +223,8 @@ static void verify_greedy(df_engine *eng, const tokenizer *tok, const verify_ora
     df_error err = {0};
     float *logits = xmalloc(sizeof *logits * (size_t)V);
     int32_t *got = xmalloc(sizeof *got * (size_t)o->n_greedy);
+    df_stats st0, st1;
+    df_engine_stats(eng, &st0);
     double t0 = df_now();
     int rc = df_session_init(&s, eng, &err), n = 0;
     if (!rc) rc = df_session_eval(s, o->prompt_ids, o->n_prompt_ids, logits, 0, &err);
@@ -236,7 +238,13 @@ static void verify_greedy(df_engine *eng, const tokenizer *tok, const verify_ora
         if (++n < o->n_greedy) rc = df_session_eval(s, &got[n - 1], 1, logits, 0, &err);
     }
     double t = df_now() - t0;
-    char text[512], want_text[512];
+    df_engine_stats(eng, &st1);
+    char text[512], want_text[512], reads[256];
+    snprintf(reads, sizeof reads, "%llu expert reads (%.2f GB, %llu of them look-ahead guesses), %.2f GB of spine",
+             (unsigned long long)(st1.expert_loads - st0.expert_loads),
+             (st1.expert_disk_bytes - st0.expert_disk_bytes) / 1e9,
+             (unsigned long long)(st1.lookahead_loads - st0.lookahead_loads),
+             (st1.spine_disk_bytes - st0.spine_disk_bytes) / 1e9);
     if (rc) {
         verify_say(r, VERIFY_FAIL, "greedy oracle", "evaluation failed after %d ids: %s", n, err.msg);
     } else if (!finite) {
@@ -244,12 +252,12 @@ static void verify_greedy(df_engine *eng, const tokenizer *tok, const verify_ora
     } else if (n < o->n_greedy) {
         ids_decoded(tok, got, n + 1, text, sizeof text);
         ids_decoded(tok, o->greedy, n + 1, want_text, sizeof want_text);
-        verify_say(r, VERIFY_FAIL, "greedy oracle", "id %d of %d is %d, %s has %d: continuation%s, expected%s", n + 1,
-                   o->n_greedy, got[n], o->source, o->greedy[n], text, want_text);
+        verify_say(r, VERIFY_FAIL, "greedy oracle", "id %d of %d is %d, %s has %d: continuation%s, expected%s (%.1f s; "
+                   "%s)", n + 1, o->n_greedy, got[n], o->source, o->greedy[n], text, want_text, t, reads);
     } else {
         ids_decoded(tok, got, n, text, sizeof text);
-        verify_say(r, VERIFY_PASS, "greedy oracle", "all %d ids match%s (prompt %.1f s, %.1f s in all)", n, text,
-                   t_prompt, t);
+        verify_say(r, VERIFY_PASS, "greedy oracle", "all %d ids match%s (prompt %.1f s, %.1f s in all; %s)", n,
+                   text, t_prompt, t, reads);
     }
     free(got);
     free(logits);
