@@ -4,8 +4,9 @@
 # The last line is "N passed, N failed", followed by ", N skipped" when N > 0, then how many test programs ran.
 # --fast (`make check`): the unit tests of the plain -O1 build (build/check/tests) and the quick CLI shell
 # tests against ./deltafin; no sanitizers, browser, server, fuzz, qemu or clang rebuild.
-# DF_TEST_JOBS=N runs N unit test binaries at a time (default 2), the slowest started first; their results
-# print in the order they were started. Shell tests always run one at a time.
+# DF_TEST_JOBS=N runs N test programs at a time (default 2), the slowest unit tests started first; results print
+# in the order the programs started. With --fast the quick shell tests join them; the full suite's shell tests
+# (servers, fuzzers, emulators) run one at a time after the unit tests.
 set -u
 cd "$(dirname "$0")/.."
 units=build/asan/tests
@@ -53,6 +54,11 @@ for t in "$units"/test_*; do
     case " ${ordered[*]:-} " in *" $t "*) ;; *) ordered+=("$t") ;; esac
 done
 for t in "${ordered[@]}"; do names+=("$(basename "$t")"); cmds+=("\"$t\""); done
+pooled_shells=0
+if [ "${1:-}" = --fast ]; then
+    for t in "${shells[@]}"; do [ -f "$t" ] && names+=("$(basename "$t")") && cmds+=("bash \"$t\""); done
+    pooled_shells=1
+fi
 n_units=${#names[@]}
 next=0 shown=0 running=0
 while [ "$shown" -lt "$n_units" ]; do
@@ -66,6 +72,7 @@ while [ "$shown" -lt "$n_units" ]; do
     done
 done
 wait
+[ "$pooled_shells" -eq 1 ] && shells=()
 for t in "${shells[@]}"; do
     [ -f "$t" ] || continue
     t0=$SECONDS
@@ -73,5 +80,5 @@ for t in "${shells[@]}"; do
     report "$(basename "$t")" "$out/shell.log" $? $((SECONDS - t0))
 done
 if [ "$skip" -gt 0 ]; then echo "$pass passed, $fail failed, $skip skipped"; else echo "$pass passed, $fail failed"; fi
-echo "($programs test programs, $jobs unit test binaries at a time)"
+echo "($programs test programs, $jobs at a time)"
 [ "$fail" -eq 0 ]

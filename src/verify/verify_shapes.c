@@ -245,9 +245,10 @@ int verify_tensors(const checkpoint *ck, const df_config *c, verify_report *r) {
             s = kind_shape(c, k3, x->kind, x->cls == TENSOR_TOP ? -1 : x->layer);
             if (!s.ndim) {
                 if (x->cls == TENSOR_TOP) problem(&p, "%s: the config has no such top-level tensor", t->name);
+                else if (x->layer >= L) problem(&p, "%s: the config has %d layers", t->name, L);
                 else problem(&p, "%s: layer %d is %s with %s, which has no such tensor", t->name, x->layer,
-                             x->layer < L && c->mixer[x->layer] == MIXER_MLA ? "MLA" : "KDA",
-                             x->layer < L && c->ffn[x->layer] == FFN_MOE ? "MoE" : "a dense FFN");
+                             c->mixer[x->layer] == MIXER_MLA ? "MLA" : "KDA",
+                             c->ffn[x->layer] == FFN_MOE ? "MoE" : "a dense FFN");
                 continue;
             }
             seen[(size_t)(x->cls == TENSOR_TOP ? 0 : x->layer + 1) * TN_KIND_COUNT + x->kind] = 1;
