@@ -83,6 +83,31 @@ sed -i 's/"activation_situ_beta": 4.0/"activation_situ_beta": 3.5/' "$tmp/k3/con
 expect "K3 synthetic with a config value changed fails naming it" 1 \
     '^FAIL  config: Kimi K3 values: 1 value differs: activation_situ_beta is 3.5, K3 has 4' '^PASS  tensors: all 80' \
     -- $BIN verify -m "$tmp/k3" --no-engine
+# The same config at the published sizes (93 layers, K3's schedule, 896 experts): the sizes check passes, and the
+# tensors of the two layers present no longer cover it; with top-8 instead of top-16 the sizes check fails.
+k3_sizes() {   # top-k
+    python3 - "$tmp/config.json" "$1" >"$tmp/k3/config.json" <<'PY'
+import json, sys
+c = json.load(open(sys.argv[1])); t = c["text_config"]
+t["num_hidden_layers"] = 93; t["num_experts"] = 896; t["num_experts_per_token"] = int(sys.argv[2])
+mla = [l for l in range(1, 94) if l % 4 == 0 or l in (92, 93)]
+t["linear_attn_config"]["full_attn_layers"] = mla
+t["linear_attn_config"]["kda_layers"] = [l for l in range(1, 94) if l not in mla]
+t["vocab_size"] = 163840
+json.dump(c, sys.stdout)
+PY
+}
+if command -v python3 >/dev/null 2>&1; then
+    k3_sizes 16
+    expect "the published K3 sizes are recognised" 1 '^PASS  config: Kimi K3 sizes: 93 layers .*the published K3' \
+        '^FAIL  tensors: .*problems' -- $BIN verify -m "$tmp/k3" --no-engine
+    k3_sizes 8
+    expect "published sizes with another top-k fail naming it" 1 \
+        '^FAIL  config: Kimi K3 sizes: 1 value differs: num_experts_per_token is 8, K3 has 16' \
+        -- $BIN verify -m "$tmp/k3" --no-engine
+else
+    echo "skip - the published K3 sizes (no python3 to rewrite the config)"
+fi
 cp "$tmp/config.json" "$tmp/k3/config.json"
 # Layer 1's router [4, 7168] rewritten as [7168, 4] in the shard's header: the same bytes, the wrong shape.
 shard=$tmp/k3/model-00002-of-000002.safetensors
