@@ -124,8 +124,9 @@ test:
 	@$(MAKE) --no-print-directory tests-build
 	@bash tests/run.sh
 
-# The fast tier (under a minute): unit tests built at -O1 without sanitizers and the quick CLI shell tests;
-# no browser, server, fuzz, qemu or clang rebuild. `make test` runs everything.
+# The fast tier (under 90 s on two idle cores; README.md, Testing): unit tests built at -O1 without sanitizers,
+# two binaries at a time, and the quick CLI and layout shell tests; no browser, server, fuzz, qemu or clang
+# rebuild. `make test` runs everything.
 check: $(BIN) $(CHECK_BIN)
 	@bash tests/run.sh --fast
 

@@ -19,6 +19,7 @@ int cmd_detokenize(int argc, char **argv);
 int cmd_quantize(int argc, char **argv);
 int cmd_warm(int argc, char **argv);
 int cmd_place(int argc, char **argv);
+int cmd_verify(int argc, char **argv);
 /* `deltafin bench` other than `bench kernels` (bench_model.c); argv[0] is "bench". */
 int bench_model(int argc, char **argv);
 /* `deltafin bench cache --trace FILE` (bench_cache.c): replacement policies replayed on a routing trace. */

@@ -20,7 +20,7 @@
 #include "common/util.h"
 #include "format/st_write.h"
 #include "format/tensor_names.h"
-#include "synth_skew.h"
+#include "synth/synth_skew.h"
 
 #define SYN_ALIGN 16384u
 #define SYN_CHUNK (32u << 20)

@@ -20,6 +20,7 @@ static const struct {
     {"synth", cmd_synth, "write a synthetic checkpoint with real shapes"},
     {"logits", cmd_logits, "write the logits of a token prompt"},
     {"info", cmd_info, "describe a checkpoint"},
+    {"verify", cmd_verify, "check a model folder offline: shapes, install hashes, token oracle"},
     {"tokenize", cmd_tokenize, "text to token ids"},
     {"detokenize", cmd_detokenize, "token ids to text"},
     {"quantize", cmd_quantize, "write an int8 spine"},

@@ -12,8 +12,8 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../common/hash.h"
-#include "../common/util.h"
+#include "common/hash.h"
+#include "common/util.h"
 #include "st_write.h"
 #include "tensor_names.h"
 

@@ -11,7 +11,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 /* No real tensor has a dimension near 2^40 or 2^56 elements; past these, offset arithmetic on shapes
  * (zero-sized tensors carry any shape without bytes to back it) could overflow int64. */

@@ -10,7 +10,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include "deltafin.h"
-#include "../common/tensor.h"
+#include "common/tensor.h"
 
 #define ST_MAX_DIMS 8
 /* The safetensors format caps its header at 100 MB; the largest K3 shard header is well under 2 MB. */

@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 static int stw_check(const st_write_tensor *t, df_error *err) {
     int size = st_dtype_size(t->dtype);

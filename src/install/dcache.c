@@ -14,9 +14,9 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "io/io.h"
-#include "../common/hash.h"
+#include "common/hash.h"
 
 #define DC_CACHE_DIR ".deltafin/cache"
 #define DC_TMP_PREFIX ".tmp-"

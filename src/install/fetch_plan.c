@@ -6,7 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "format/safetensors.h"
 #include "format/tensor_names.h"
 

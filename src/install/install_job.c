@@ -19,8 +19,8 @@
 #include <sys/statvfs.h>
 #include <unistd.h>
 
-#include "../common/hash.h"
-#include "../common/util.h"
+#include "common/hash.h"
+#include "common/util.h"
 #include "dcache.h"
 #include "fetch_plan.h"
 

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <strings.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 #define REMOTE_WHOLE_MAX (256u << 20)   /* metadata files (index, tokenizer) are far smaller */
 #define REMOTE_BACKOFF_MAX 8.0

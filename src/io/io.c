@@ -15,7 +15,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 #define IO_EIO_RETRIES 2
 #define IO_URING_DEPTH 64

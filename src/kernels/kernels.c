@@ -4,7 +4,7 @@
 #include <string.h>
 #include "kernels.h"
 #include "kern_tiles.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 static int cpu_has(const char *isa) {
 #if defined(__x86_64__) && defined(__GNUC__)

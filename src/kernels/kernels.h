@@ -19,7 +19,7 @@
 
 #include <stddef.h>
 #include <stdint.h>
-#include "../common/tensor.h"
+#include "common/tensor.h"
 
 /* One ISA's implementation. matmul_rows computes, for weight rows [r0, r1):
  *   y[i*ldy + r] = sum_c x[i*cols + c] * W[r, c]     for i in [0, n)

@@ -19,7 +19,7 @@
  * ARCH_REQ_XCOMP_PERM), which kern_amx_usable makes; without it this path is not offered. */
 #include <string.h>
 #include "kernels.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 #if defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__) && defined(__AVX512F__) && \
     defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && defined(__linux__)

@@ -7,7 +7,7 @@
  * entries (low 3 bits), so the E2M1 sign (bit 3) picks between a positive and a negative table with blendv. */
 #include "kernels.h"
 #include "kern_tiles.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 #if defined(__AVX2__) && defined(__FMA__) && defined(__F16C__)
 #include <immintrin.h>

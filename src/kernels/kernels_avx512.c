@@ -9,7 +9,7 @@
  * each group's sums (see mxfp4_tile). I8 sums w·x per row and applies the row's fp16 scale once at the end. */
 #include "kernels.h"
 #include "kern_tiles.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__) && defined(__AVX512DQ__) && \
     defined(__FMA__)

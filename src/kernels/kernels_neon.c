@@ -6,7 +6,7 @@
  * -12..12), widened to fp32 and multiplied by 2^(s-128) — the same exact products as the reference. */
 #include "kernels.h"
 #include "kern_tiles.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 #if defined(__aarch64__) && defined(__ARM_NEON)
 #include <arm_neon.h>

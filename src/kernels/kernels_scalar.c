@@ -2,7 +2,7 @@
 #include <math.h>
 #include <stdlib.h>
 #include "kernels.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 static void matmul_rows_scalar(const df_tensor *w, int64_t r0, int64_t r1, const float *x, int n, float *y,
                                int64_t ldy) {

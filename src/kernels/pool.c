@@ -11,7 +11,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include "kernels.h"
-#include "../common/util.h"
+#include "common/util.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

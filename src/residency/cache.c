@@ -9,7 +9,7 @@
 #include <sys/mman.h>
 #include <time.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "policy.h"
 
 enum { SLOT_EMPTY, SLOT_LOADING, SLOT_READY, SLOT_ERROR };

@@ -1,17 +1,15 @@
-/* catalog.c — the checkpoint as a catalog: config.json, the shards (one model.safetensors or those an index
- * names), and every tensor sorted into top-level tensors, per-layer spine tables and routed-expert parts by the
- * tensor-name table (tensor_names.h). With the int8 spine asked for, spine items point at the sidecar's
- * copies instead. Problems that do not stop loading are collected for `info`. */
+/* catalog.c — the store's tables built from the checkpoint (format/checkpoint.h reads config.json and the
+ * shards and classifies every tensor by the tensor-name table): top-level items, per-layer spine tables and
+ * routed-expert parts, with views into the mapped shards. With the int8 spine asked for, spine items point at
+ * the sidecar's copies instead. Problems that do not stop loading are collected for `info`. */
 #include "store_internal.h"
 
-#include <jansson.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "format/int8_spine.h"
 
 void store_problem(df_store *st, const char *fmt, ...) {
@@ -51,155 +49,6 @@ static void store_count_dtype(df_store *st, const st_tensor *t) {
 
 
 /* ---------------------------------------------------------------------------------------------------- */
-/* Collecting the checkpoint's tensors: from the index's weight_map, or every tensor of model.safetensors. */
-
-static void store_refs_push(store_refs *r, store_ref x) {
-    if (r->n == r->cap) {
-        r->cap = r->cap ? r->cap * 2 : 256;
-        r->v = xrealloc(r->v, sizeof *r->v * (size_t)r->cap);
-    }
-    r->v[r->n++] = x;
-}
-
-int store_add_shard(df_store *st, const char *file, df_error *err) {
-    char *path = df_path_join(st->dir, file);
-    st->shards = xrealloc(st->shards, sizeof *st->shards * (size_t)(st->n_shards + 1));
-    int rc = st_file_open(&st->shards[st->n_shards], path, err);
-    free(path);
-    if (rc) return rc;
-    return st->n_shards++, DF_OK;
-}
-
-int store_shard_name_ok(const char *f) {
-    if (!*f || f[0] == '/') return 0;
-    for (const char *p = f; *p; p = strchr(p, '/') ? strchr(p, '/') + 1 : p + strlen(p))
-        if (!strncmp(p, "..", 2) && (p[2] == '/' || !p[2])) return 0;
-    return 1;
-}
-
-static int store_load_index(df_store *st, const char *index_path, store_refs *refs, df_error *err) {
-    json_t *root = df_json_load_file(index_path, JSON_REJECT_DUPLICATES, err);
-    if (!root) return err->code;
-    json_t *wm = json_object_get(root, "weight_map");
-    int rc = DF_OK;
-    if (!json_is_object(wm)) {
-        df_error_set(err, DF_EFORMAT, "%s: missing \"weight_map\" object", index_path);
-        rc = DF_EFORMAT;
-    }
-    char **shard_names = NULL;
-    int64_t *used = NULL;
-    int last = -1;
-    const char *name;
-    json_t *val;
-    if (!rc) json_object_foreach(wm, name, val) {
-        if (!json_is_string(val) || !store_shard_name_ok(json_string_value(val))) {
-            df_error_set(err, DF_EFORMAT, "%s: tensor '%s': shard must be a relative file name inside the model "
-                         "folder", index_path, name);
-            rc = DF_EFORMAT;
-            break;
-        }
-        const char *file = json_string_value(val);
-        int s = last >= 0 && !strcmp(shard_names[last], file) ? last : -1;
-        for (int i = 0; s < 0 && i < st->n_shards; i++)
-            if (!strcmp(shard_names[i], file)) s = i;
-        if (s < 0) {
-            if ((rc = store_add_shard(st, file, err))) {
-                char inner[sizeof err->msg];
-                memcpy(inner, err->msg, sizeof inner);
-                df_error_set(err, rc, "%s names shard '%s' (for tensor '%s'), which cannot be used: %s", index_path,
-                             file, name, inner);
-                break;
-            }
-            s = st->n_shards - 1;
-            shard_names = xrealloc(shard_names, sizeof *shard_names * (size_t)st->n_shards);
-            used = xrealloc(used, sizeof *used * (size_t)st->n_shards);
-            shard_names[s] = xstrdup(file);
-            used[s] = 0;
-        }
-        last = s;
-        const st_tensor *t = st_file_find(&st->shards[s], name);
-        if (!t) {
-            df_error_set(err, DF_EFORMAT, "%s lists tensor '%s' in shard %s, but the shard has no such tensor",
-                         index_path, name, st->shards[s].path);
-            rc = DF_EFORMAT;
-            break;
-        }
-        used[s]++;
-        store_refs_push(refs, (store_ref){s, t});
-    }
-    for (int i = 0; i < st->n_shards && shard_names; i++) {
-        if (!rc && used[i] < st->shards[i].n_tensors) {
-            st->n_unindexed += st->shards[i].n_tensors - used[i];
-            store_problem(st, "%s: %lld tensors not listed in the index (ignored)", st->shards[i].path,
-                          (long long)(st->shards[i].n_tensors - used[i]));
-        }
-        free(shard_names[i]);
-    }
-    free(shard_names);
-    free(used);
-    json_decref(root);
-    return rc;
-}
-
-int catalog_collect(df_store *st, store_refs *refs, df_error *err) {
-    char *index_path = df_path_join(st->dir, "model.safetensors.index.json");
-    int rc;
-    if (access(index_path, F_OK) == 0) {
-        st->indexed = 1;
-        rc = store_load_index(st, index_path, refs, err);
-    } else {
-        char *single = df_path_join(st->dir, "model.safetensors");
-        if (access(single, F_OK) != 0) {
-            df_error_set(err, DF_EIO, "%s: neither model.safetensors nor model.safetensors.index.json found",
-                         st->dir);
-            rc = DF_EIO;
-        } else if (!(rc = store_add_shard(st, "model.safetensors", err))) {
-            for (int i = 0; i < st->shards[0].n_tensors; i++)
-                store_refs_push(refs, (store_ref){0, &st->shards[0].tensors[i]});
-        }
-        free(single);
-    }
-    free(index_path);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
-/* config.json */
-
-int catalog_load_config(df_store *st, int *n_layers, df_error *err) {
-    char *path = df_path_join(st->dir, "config.json");
-    size_t len;
-    st->config_text = df_read_file_max(path, DF_JSON_FILE_MAX, &len, err);
-    if (!st->config_text) {
-        free(path);
-        return DF_EIO;
-    }
-    json_error_t je;
-    json_t *root = json_loadb(st->config_text, len, 0, &je);
-    int rc = DF_OK;
-    if (!root || !json_is_object(root)) {
-        df_error_set(err, DF_EFORMAT, "%s: bad JSON: %s (line %d, column %d)", path, root ? "not an object" : je.text,
-                     je.line, je.column);
-        rc = DF_EFORMAT;
-    } else {
-        const char *mt = json_string_value(json_object_get(root, "model_type"));
-        st->model_type = xstrdup(mt ? mt : "unknown");
-        st->family = tensor_family_of(st->model_type);
-        json_t *text = json_object_get(root, "text_config");
-        if (!strcmp(st->model_type, "kimi_k3") && json_is_object(text)) {
-            json_incref(text);
-            json_decref(root);
-            root = text;
-        }
-        json_int_t nl = json_integer_value(json_object_get(root, "num_hidden_layers"));
-        *n_layers = nl > 0 && nl <= TENSOR_MAX_LAYERS ? (int)nl : 0;
-    }
-    json_decref(root);
-    free(path);
-    return rc;
-}
-
-/* ---------------------------------------------------------------------------------------------------- */
 /* Sorting tensors into top-level items, layer items and expert parts by the tensor-name table. */
 
 /* Kernels read elements through typed pointers, so a tensor whose offset is not a multiple of its element
@@ -218,7 +67,7 @@ static void store_item_init(df_store *st, store_item *it, const char *key, store
     df_error e;
     it->key = key;
     it->ref = r;
-    it->usable = st_tensor_view(&st->shards[r.shard], r.t, &it->view, &e) == DF_OK;
+    it->usable = st_tensor_view(&st->ck.shards[r.shard], r.t, &it->view, &e) == DF_OK;
     if (!it->usable) store_problem(st, "%s", e.msg);
     else store_align_view(st, &it->view, r.t->elem_size);
 }
@@ -235,30 +84,21 @@ static int catalog_sort_layer(df_store *st, df_store_layer *l, df_error *err) {
     return DF_OK;
 }
 
-int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, df_error *err) {
-    /* pass 1: sizes */
-    int max_layer = cfg_layers - 1, layer, expert;
-    tensor_kind kind;
-    for (int64_t i = 0; i < refs->n; i++) {
-        const st_tensor *t = refs->v[i].t;
-        tensor_class c = tensor_classify(t->name, st->family, &layer, &expert, &kind);
-        if (c == TENSOR_UNKNOWN && expert >= 0)
-            return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': unrecognised routed-expert tensor name (expected "
-                                "experts.{e}.w{1,2,3}.weight, .weight_packed or .weight_scale)",
-                                store_tensor_path(st, refs->v[i]), t->name), DF_EFORMAT;
-        if ((c == TENSOR_SPINE || c == TENSOR_EXPERT) && layer > max_layer) max_layer = layer;
-    }
-    st->n_layers = max_layer + 1;
+int catalog_build_tables(df_store *st, df_error *err) {
+    const checkpoint *ck = &st->ck;
+    for (int i = 0; i < ck->n_notes; i++) store_problem(st, "%s", ck->notes[i]);
+    st->n_layers = ck->n_layers;
     st->layers = xcalloc((size_t)st->n_layers + 1, sizeof *st->layers);
     st->n_experts = xcalloc((size_t)st->n_layers + 1, sizeof *st->n_experts);
     st->experts = xcalloc((size_t)st->n_layers + 1, sizeof *st->experts);
     st->expert_shard = xcalloc((size_t)st->n_layers + 1, sizeof *st->expert_shard);
     int64_t n_glob = 0;
-    for (int64_t i = 0; i < refs->n; i++) {
-        tensor_class c = tensor_classify(refs->v[i].t->name, st->family, &layer, &expert, &kind);
-        if (c == TENSOR_TOP) n_glob++;
-        else if (c == TENSOR_SPINE) st->layers[layer].n++;
-        else if (c == TENSOR_EXPERT && expert >= st->n_experts[layer]) st->n_experts[layer] = expert + 1;
+    for (int64_t i = 0; i < ck->n_tensors; i++) {
+        const ckpt_tensor *x = &ck->tensors[i];
+        if (x->cls == TENSOR_TOP) n_glob++;
+        else if (x->cls == TENSOR_SPINE) st->layers[x->layer].n++;
+        else if (x->cls == TENSOR_EXPERT && x->expert >= st->n_experts[x->layer])
+            st->n_experts[x->layer] = x->expert + 1;
     }
     st->globals = xcalloc((size_t)n_glob + 1, sizeof *st->globals);
     for (int l = 0; l < st->n_layers; l++) {
@@ -268,12 +108,15 @@ int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, d
         st->experts[l] = xcalloc((size_t)st->n_experts[l] + 1, sizeof(store_expert));
     }
     /* pass 2: fill; items are keyed by the table's canonical name of their kind */
-    for (int64_t i = 0; i < refs->n; i++) {
-        store_ref r = refs->v[i];
+    for (int64_t i = 0; i < ck->n_tensors; i++) {
+        const ckpt_tensor *x = &ck->tensors[i];
+        store_ref r = {x->shard, x->t};
         uint64_t bytes = r.t->end - r.t->begin;
         st->n_tensors++;
         st->total_bytes += bytes;
-        tensor_class c = tensor_classify(r.t->name, st->family, &layer, &expert, &kind);
+        tensor_class c = x->cls;
+        int layer = x->layer, expert = x->expert;
+        tensor_kind kind = x->kind;
         if (c == TENSOR_NON_TEXT) {
             st->n_ignored++;
             st->ignored_bytes += bytes;
@@ -283,7 +126,7 @@ int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, d
             st->n_unknown++;
             st->unknown_bytes += bytes;
             store_problem(st, "%s: tensor '%s' is not a %s tensor name (ignored)", store_tensor_path(st, r),
-                          r.t->name, st->family == TENSOR_FAMILY_K3 ? "Kimi K3" : "Kimi-Linear");
+                          r.t->name, ck->family == TENSOR_FAMILY_K3 ? "Kimi K3" : "Kimi-Linear");
             continue;
         }
         store_count_dtype(st, r.t);
@@ -335,15 +178,15 @@ static void store_int8_point(df_store *st, store_item *it, int span) {
 
 static int store_int8_swap(df_store *st, store_item *it, int first_shard, df_error *err) {
     const st_tensor *src = it->ref.t;
-    for (int s = first_shard; s < st->n_shards; s++) {
+    for (int s = first_shard; s < st->ck.n_shards; s++) {
         st_tensor span;
-        int found = int8_spine_find(&st->shards[s], src->name, &span, err);
+        int found = int8_spine_find(&st->ck.shards[s], src->name, &span, err);
         if (found < 0) return found;
         if (!found) continue;
         if (src->ndim != 2 || span.shape[0] != src->shape[0] || span.shape[1] != src->shape[1])
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s' is [%lld, %lld] but the checkpoint's is %s; the int8 "
                                 "spine was written for another checkpoint (rerun `deltafin quantize --spine int8`)",
-                                st->shards[s].path, src->name, (long long)span.shape[0], (long long)span.shape[1],
+                                st->ck.shards[s].path, src->name, (long long)span.shape[0], (long long)span.shape[1],
                                 src->ndim == 2 ? "another shape" : "not a matrix"), DF_EFORMAT;
         st->int8_spans[st->n_int8] = span;
         st->int8_shard[st->n_int8] = s;
@@ -374,7 +217,7 @@ static void catalog_check_unused_int8(df_store *st) {
         char *path = df_path_join(st->dir, files[i]);
         st_file f;
         e = (df_error){0};
-        if (st_file_open(&f, path, &e) || int8_spine_check(&f, st->shards, st->n_shards, &e))
+        if (st_file_open(&f, path, &e) || int8_spine_check(&f, st->ck.shards, st->ck.n_shards, &e))
             store_problem(st, "%s", e.msg);
         st_file_close(&f);
         free(path);
@@ -389,12 +232,12 @@ int catalog_use_int8_spine(df_store *st, df_error *err) {
         return DF_OK;
     }
     char **files;
-    int n, rc = int8_spine_files(st->dir, &files, &n, err), first = st->n_shards;
+    int n, rc = int8_spine_files(st->dir, &files, &n, err), first = st->ck.n_shards;
     if (!rc && !n)
         rc = (df_error_set(err, DF_EIO, "%s: the int8 spine was asked for, but the folder has no %s; write it with "
                            "`deltafin quantize -m %s --spine int8`", st->dir, INT8_SPINE_FILE, st->dir), DF_EIO);
     for (int i = 0; i < n; i++) {
-        if (!rc) rc = store_add_shard(st, files[i], err);
+        if (!rc) rc = ckpt_add_shard(&st->ck, files[i], err);
         free(files[i]);
     }
     free(files);
@@ -408,7 +251,7 @@ int catalog_use_int8_spine(df_store *st, df_error *err) {
             if (st->layers[l].items[i].usable) rc = store_int8_swap(st, &st->layers[l].items[i], first, err);
     for (int i = 0; i < st->n_globals && !rc; i++)
         if (st->globals[i].usable) rc = store_int8_swap(st, &st->globals[i], first, err);
-    for (int s = first; s < st->n_shards && !rc; s++)   /* computed from these weights, not others */
-        rc = int8_spine_check(&st->shards[s], st->shards, first, err);
+    for (int s = first; s < st->ck.n_shards && !rc; s++)   /* computed from these weights, not others */
+        rc = int8_spine_check(&st->ck.shards[s], st->ck.shards, first, err);
     return rc;
 }

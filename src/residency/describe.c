@@ -6,7 +6,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "format/int8_spine.h"
 
 /* store_describe */
@@ -133,10 +133,10 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
     size_t len = strnlen(buf, cap);
     if (len >= cap) len = cap - 1, buf[len] = 0;
     store_buf b = {buf, cap, len};
-    store_printf(&b, "checkpoint: %s (model_type %s%s)\n", st->dir, st->model_type,
-                 st->family == TENSOR_FAMILY_K3 ? ", text tensors under " TENSOR_K3_PREFIX : "");
-    store_printf(&b, "shards: %d (%s)\n", st->n_shards,
-                 st->indexed ? "model.safetensors.index.json" : "model.safetensors");
+    store_printf(&b, "checkpoint: %s (model_type %s%s)\n", st->dir, st->ck.model_type,
+                 st->ck.family == TENSOR_FAMILY_K3 ? ", text tensors under " TENSOR_K3_PREFIX : "");
+    store_printf(&b, "shards: %d (%s)\n", st->ck.n_shards,
+                 st->ck.indexed ? "model.safetensors.index.json" : "model.safetensors");
     store_printf(&b, "tensors: %lld\n", (long long)st->n_tensors);
     if (st->n_ignored) {
         store_printf(&b, "ignored: %lld non-text tensors, ", (long long)st->n_ignored);
@@ -178,8 +178,8 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
         store_printf(&b, " %s %lld%s", st->dtypes[i].name, (long long)st->dtypes[i].count,
                      i + 1 < st->n_dtypes ? "," : "");
     store_printf(&b, "\n");
-    for (int i = 0; i < st->n_shards; i++) {
-        const st_file *f = &st->shards[i];
+    for (int i = 0; i < st->ck.n_shards; i++) {
+        const st_file *f = &st->ck.shards[i];
         uint64_t region = f->size - f->data_start;
         if (f->covered != region)
             store_printf(&b, "problem: %s: %llu of %llu data bytes belong to no tensor\n", f->path,
@@ -196,6 +196,6 @@ void store_describe(const df_store *st, char *buf, size_t cap) {
     if (st->n_problems > STORE_MAX_PROBLEMS)
         store_printf(&b, "problem: ... and %d more\n", st->n_problems - STORE_MAX_PROBLEMS);
     int any = st->problems != NULL;
-    for (int i = 0; i < st->n_shards; i++) any |= st->shards[i].covered != st->shards[i].size - st->shards[i].data_start;
+    for (int i = 0; i < st->ck.n_shards; i++) any |= st->ck.shards[i].covered != st->ck.shards[i].size - st->ck.shards[i].data_start;
     if (!any) store_printf(&b, "problems: none found\n");
 }

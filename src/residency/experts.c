@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 /* Routed experts: pairing, shape checks, byte spans. */
 
@@ -19,7 +19,7 @@ static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expe
                                df_error *err) {
     store_ref *p = x->part[m];
     /* a file of this expert, or (when the whole expert is missing) one holding the layer's experts */
-    const char *file = st->shards[st->expert_shard[layer]].path;
+    const char *file = st->ck.shards[st->expert_shard[layer]].path;
     for (int mm = 0; mm < 3; mm++)
         for (int k = 0; k < TENSOR_PART_COUNT; k++)
             if (x->part[mm][k].t) file = store_tensor_path(st, x->part[mm][k]);
@@ -28,7 +28,7 @@ static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expe
                             "weight_packed/weight_scale", file, p[TENSOR_PART_WEIGHT].t->name), DF_EFORMAT;
     if (p[TENSOR_PART_WEIGHT].t) {
         const st_tensor *t = p[TENSOR_PART_WEIGHT].t;
-        int rc = st_tensor_view(&st->shards[p[TENSOR_PART_WEIGHT].shard], t, out, err);
+        int rc = st_tensor_view(&st->ck.shards[p[TENSOR_PART_WEIGHT].shard], t, out, err);
         if (rc) return rc;
         if (t->ndim != 2 || (t->dtype != DF_DT_F32 && t->dtype != DF_DT_BF16 && t->dtype != DF_DT_F16))
             return df_error_set(err, DF_EFORMAT, "%s: tensor '%s': expert weight must be a 2-D F32/BF16/F16 "
@@ -40,7 +40,7 @@ static int store_expert_matrix(df_store *st, int layer, int e, int m, store_expe
     if (!pk || !sc) {
         char missing[256];
         int part = pk ? TENSOR_PART_SCALE : sc ? TENSOR_PART_PACKED : TENSOR_PART_WEIGHT;
-        tensor_name_format(tensor_expert_kind(m, part), st->family, layer, e, missing, sizeof missing);
+        tensor_name_format(tensor_expert_kind(m, part), st->ck.family, layer, e, missing, sizeof missing);
         return df_error_set(err, DF_EFORMAT, "%s: tensor '%s' is missing (experts of a layer must be numbered "
                             "0..E-1, each with w1, w2, w3 as .weight or .weight_packed + .weight_scale)", file,
                             missing), DF_EFORMAT;
@@ -91,12 +91,12 @@ static void store_expert_locate_init(df_store *st, store_expert *x) {
             store_ref r = x->part[m][k];
             if (!r.t) continue;
             loc->parts[loc->n_parts++] = (store_expert_part){r.t->name, r.shard,
-                                                             st_tensor_offset(&st->shards[r.shard], r.t),
+                                                             st_tensor_offset(&st->ck.shards[r.shard], r.t),
                                                              r.t->end - r.t->begin};
         }
     qsort(loc->parts, (size_t)loc->n_parts, sizeof loc->parts[0], store_cmp_part);
     loc->shard = loc->parts[0].shard;
-    loc->path = st->shards[loc->shard].path;
+    loc->path = st->ck.shards[loc->shard].path;
     loc->offset = loc->parts[0].offset;
     loc->contiguous = 1;
     uint64_t end = loc->offset;
@@ -205,7 +205,7 @@ int experts_load(void *ctx, int layer, int e, uint8_t *slot, df_expert *view, df
         int file = x->loc.shard, f = -1;   /* placed in another folder: the same bytes at another offset */
         uint64_t at = x->loc.offset, placed_at = 0, placed_len = 0;
         if (st->place.n_folders) placement_where(&st->place, layer, e, &f, &placed_at, &placed_len);
-        if (f >= 0) file = st->n_shards + f, at = placed_at;
+        if (f >= 0) file = st->ck.n_shards + f, at = placed_at;
         int rc = src->read(src, file, at, x->loc.length, slot, what, err);
         if (rc) return rc;
         const uint8_t *base = slot + x->loc.offset % IO_ALIGN;

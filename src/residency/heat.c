@@ -10,7 +10,7 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "install/dcache.h"
 
 #define HEAT_MAGIC "DFHEAT1\n"

@@ -10,7 +10,7 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 #include "install/dcache.h"
 
 #define PLACE_MAGIC "deltafin-placement 1"

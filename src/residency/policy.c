@@ -15,7 +15,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 /* Half-life of an LFU request, in requests per key of the bank: long enough to learn popularity, short
  * enough to follow a conversation that moves on. Chosen on the traces of docs/PERFORMANCE.md. */

@@ -8,7 +8,7 @@
 #include <pthread.h>
 #include <stdlib.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 #define RA_WINDOW_REQUESTS 16   /* a layer's precisions are updated after this many scored requests */
 #define RA_RANKS DF_LOOKAHEAD_RANKS

@@ -12,7 +12,7 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 #define WARM_CHUNK ((size_t)16 << 20)
 #define WARM_AHEAD 4

@@ -1,8 +1,9 @@
 /* store.c — the storage seam over local files (store.h): opens a model folder (config.json plus
- * model.safetensors or a sharded index) by building its catalog (catalog.c), routed-expert table (experts.c),
- * readers and memory plan (plan.c), and serves spine tensors, lm_head tiles and statistics. Shards are mapped
- * for their headers; the spine is served from the mapping when it fits the budget, else from budgeted buffers
- * (spine.c); routed experts are always read into the slot cache (cache.c). */
+ * model.safetensors or a sharded index) by reading its checkpoint (format/checkpoint.h) into tables (catalog.c),
+ * building the routed-expert table (experts.c), readers and memory plan (plan.c), and serves spine tensors,
+ * lm_head tiles and statistics. Shards are mapped for their headers; the spine is served from the mapping when it
+ * fits the budget, else from budgeted buffers (spine.c); routed experts are always read into the slot cache
+ * (cache.c). */
 #include "store_internal.h"
 
 #include <stddef.h>
@@ -11,8 +12,8 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include "../common/hash.h"
-#include "../common/util.h"
+#include "common/hash.h"
+#include "common/util.h"
 #include "install/remote.h"
 
 /* Experts placed in other folders: checked against the checkpoint's spans, read from file n_shards + folder. */
@@ -40,13 +41,13 @@ static int store_open_place(df_store *st, df_error *err) {
 static int store_open_io(df_store *st, df_error *err) {
     int rc = store_open_place(st, err);
     if (rc) return rc;
-    const char **paths = xmalloc(sizeof *paths * (size_t)(st->n_shards + st->place.n_folders + 1));
-    for (int i = 0; i < st->n_shards; i++) paths[i] = st->shards[i].path;
-    for (int f = 0; f < st->place.n_folders; f++) paths[st->n_shards + f] = st->place.files[f];
+    const char **paths = xmalloc(sizeof *paths * (size_t)(st->ck.n_shards + st->place.n_folders + 1));
+    for (int i = 0; i < st->ck.n_shards; i++) paths[i] = st->ck.shards[i].path;
+    for (int f = 0; f < st->place.n_folders; f++) paths[st->ck.n_shards + f] = st->place.files[f];
     io_local_opts lo = {!st->opts.buffered_io, st->opts.io_kind};
-    rc = io_local_open_ex(&st->src_expert, st->n_shards + st->place.n_folders, paths, &lo, err);
-    if (!rc) rc = io_install_wrap(&st->src_expert, st->dir, st->n_shards, st->opts.remote_url, err);
-    if (!rc) rc = io_local_open_ex(&st->src_spine, st->n_shards, paths, &lo, err);
+    rc = io_local_open_ex(&st->src_expert, st->ck.n_shards + st->place.n_folders, paths, &lo, err);
+    if (!rc) rc = io_install_wrap(&st->src_expert, st->dir, st->ck.n_shards, st->opts.remote_url, err);
+    if (!rc) rc = io_local_open_ex(&st->src_spine, st->ck.n_shards, paths, &lo, err);
     free(paths);
     st->pool = io_pool_new(st->opts.io_threads > 0 ? st->opts.io_threads : STORE_IO_THREADS);
     return rc;
@@ -62,7 +63,7 @@ static int warm_range_cmp(const void *a, const void *b) {
 static int store_warm_items(const df_store *st, const store_item *it, int n, int glob, warm_range *r, int k) {
     int k0 = k;
     for (int i = 0; i < n; i++) {
-        const st_file *f = it[i].ref.t ? &st->shards[it[i].ref.shard] : NULL;
+        const st_file *f = it[i].ref.t ? &st->ck.shards[it[i].ref.shard] : NULL;
         if (!f || !f->map || !it[i].usable || (glob && plan_global_skipped(st, &it[i]))) continue;
         r[k++] = (warm_range){f->map + store_ref_offset(st, it[i].ref), it[i].ref.t->end - it[i].ref.t->begin};
     }
@@ -86,11 +87,9 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
     df_store *st = xcalloc(1, sizeof *st);
     st->dir = xstrdup(dir);
     if (opts) st->opts = *opts;
-    store_refs refs = {0};
-    int cfg_layers = 0;
-    int rc = catalog_load_config(st, &cfg_layers, err);
-    if (!rc) rc = catalog_collect(st, &refs, err);
-    if (!rc) rc = catalog_build_tables(st, &refs, cfg_layers, err);
+    int rc = ckpt_open(&st->ck, dir, err);
+    if (!rc) rc = catalog_build_tables(st, err);
+    ckpt_drop_tensors(&st->ck);
     if (!rc) rc = catalog_use_int8_spine(st, err);
     if (!rc) rc = experts_build(st, err);
     if (!rc) rc = store_open_io(st, err);
@@ -102,7 +101,6 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
         st->warm = spine_warm_start(r, n);
         free(r);
     }
-    free(refs.v);
     if (rc) {
         store_free(st);
         return rc;
@@ -127,8 +125,7 @@ void store_free(df_store *st) {
     free(st->global_region);
     free(st->int8_spans);
     free(st->int8_shard);
-    for (int i = 0; i < st->n_shards; i++) st_file_close(&st->shards[i]);
-    free(st->shards);
+    ckpt_free(&st->ck);
     for (int l = 0; l < st->n_layers; l++) {
         free(st->layers[l].items);
         free(st->layers[l].region);
@@ -144,26 +141,24 @@ void store_free(df_store *st) {
     for (int i = 0; i < st->n_copies; i++) free(st->copies[i]);
     free(st->copies);
     free(st->problems);
-    free(st->model_type);
-    free(st->config_text);
     free(st->dir);
     free(st);
 }
 
 const char *store_dir(const df_store *st) { return st->dir; }
-const char *store_config_text(const df_store *st) { return st->config_text; }
-const char *store_family(const df_store *st) { return st->model_type; }
+const char *store_config_text(const df_store *st) { return st->ck.config_text; }
+const char *store_family(const df_store *st) { return st->ck.model_type; }
 int store_layer_count(const df_store *st) { return st->n_layers; }
-int store_shard_count(const df_store *st) { return st->n_shards; }
+int store_shard_count(const df_store *st) { return st->ck.n_shards; }
 
 const char *store_shard_path(const df_store *st, int shard) {
-    return shard >= 0 && shard < st->n_shards ? st->shards[shard].path : NULL;
+    return shard >= 0 && shard < st->ck.n_shards ? st->ck.shards[shard].path : NULL;
 }
 
 uint64_t store_weights_id(const df_store *st) {
     uint64_t h = df_hash64(&st->opts.spine, sizeof st->opts.spine, 0x5748u);
-    for (int i = 0; i < st->n_shards; i++) {
-        const st_file *f = &st->shards[i];
+    for (int i = 0; i < st->ck.n_shards; i++) {
+        const st_file *f = &st->ck.shards[i];
         const char *slash = strrchr(f->path, '/'), *name = slash ? slash + 1 : f->path;
         struct stat sb;
         int64_t id[4] = {(int64_t)f->size, -1, -1, (int64_t)f->header_len};
@@ -176,7 +171,7 @@ uint64_t store_weights_id(const df_store *st) {
 }
 
 char *store_read_aux(const df_store *st, const char *name, size_t *len, df_error *err) {
-    if (!store_shard_name_ok(name)) {
+    if (!ckpt_file_name_ok(name)) {
         df_error_set(err, DF_EINVAL, "%s: not a file name inside the model folder %s", name, st->dir);
         return NULL;
     }
@@ -199,7 +194,7 @@ int store_global_get(df_store *st, const char *name, const df_tensor **out, df_e
     *out = NULL;
     const store_item *it = store_find_item(st->globals, st->n_globals, name);
     if (!it) return DF_OK;
-    int rc = st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+    int rc = st_tensor_view(&st->ck.shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
     if (!rc) *out = &it->view;
     return rc;
 }
@@ -238,7 +233,7 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
     df_store_layer *l = &st->layers[layer];
     if (l->bad >= 0) {
         const store_item *it = &l->items[l->bad];
-        return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+        return st_tensor_view(&st->ck.shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
     }
     if (st->spine) {   /* a layer in parts starts with its first; store_layer_need moves on */
         l->held = -1;
@@ -286,7 +281,7 @@ int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_er
     const df_store_layer *l = &st->layers[layer];
     if (l->bad >= 0) {
         const store_item *it = &l->items[l->bad];
-        return st_tensor_view(&st->shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
+        return st_tensor_view(&st->ck.shards[it->ref.shard], it->ref.t, &(df_tensor){0}, err);
     }
     *out = l;
     return DF_OK;
@@ -295,7 +290,7 @@ int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_er
 int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const char *suffix, df_tensor *out) {
     const store_item *it = store_find_item(l->items, l->n, suffix);
     df_error e;
-    if (!it || !it->usable || it->int8 || st_tensor_view(&st->shards[it->ref.shard], it->ref.t, out, &e) ||
+    if (!it || !it->usable || it->int8 || st_tensor_view(&st->ck.shards[it->ref.shard], it->ref.t, out, &e) ||
         !out->data)
         return -1;
     return 0;

@@ -13,7 +13,7 @@
 
 #include <stdint.h>
 #include "deltafin.h"
-#include "../common/tensor.h"
+#include "common/tensor.h"
 #include "spine_warm.h"
 
 typedef struct df_store df_store;

@@ -1,8 +1,8 @@
 /* store_internal.h — what the storage seam's own files share: the store's state (struct df_store), the
  * per-layer tensor tables and the routed-expert table, and the functions each file gives the others.
- * catalog.c reads the checkpoint into these tables, experts.c checks and loads routed experts, plan.c splits
+ * catalog.c builds these tables from the checkpoint (format/checkpoint.h), experts.c checks and loads routed experts, plan.c splits
  * the memory budget, describe.c writes `info`, store.c holds the entry points of store.h. Nothing outside
- * src/storage includes this header. */
+ * src/residency includes this header. */
 #ifndef DF_STORE_INTERNAL_H
 #define DF_STORE_INTERNAL_H
 
@@ -15,6 +15,7 @@
 #include "io/io.h"
 #include "place.h"
 #include "readahead.h"
+#include "format/checkpoint.h"
 #include "format/safetensors.h"
 #include "spine.h"
 #include "store.h"
@@ -70,12 +71,7 @@ typedef struct store_dtype_stat {
 
 struct df_store {
     char *dir;
-    char *config_text;
-    char *model_type;
-    tensor_family family;            /* of config model_type: how tensors are named (tensor_names.h) */
-    int indexed;
-    int n_shards;
-    st_file *shards;
+    checkpoint ck;                   /* config.json, the shards (then the int8 sidecar's) and the tensor list */
     int n_layers;
     df_store_layer *layers;
     int n_globals;
@@ -85,7 +81,7 @@ struct df_store {
     int *expert_shard;               /* per layer: a shard holding some of its experts */
     store_expert **experts;          /* per layer, n_experts[l] entries */
     /* statistics for store_describe */
-    int64_t n_tensors, n_ignored, n_unknown, n_unindexed;   /* ignored: non-text; unknown: not in the name table */
+    int64_t n_tensors, n_ignored, n_unknown;   /* ignored: non-text; unknown: not in the name table */
     uint64_t total_bytes, spine_bytes, expert_bytes, ignored_bytes, unknown_bytes;
     store_dtype_stat dtypes[16];
     int n_dtypes;
@@ -123,28 +119,18 @@ struct df_store {
     char heat_note[512];
 };
 
-/* The checkpoint's tensors in the order they were collected. */
-typedef struct store_refs {
-    store_ref *v;
-    int64_t n, cap;
-} store_refs;
-
-static inline const char *store_tensor_path(const df_store *st, store_ref r) { return st->shards[r.shard].path; }
+static inline const char *store_tensor_path(const df_store *st, store_ref r) { return st->ck.shards[r.shard].path; }
 static inline uint64_t store_ref_offset(const df_store *st, store_ref r) {
-    return st_tensor_offset(&st->shards[r.shard], r.t);
+    return st_tensor_offset(&st->ck.shards[r.shard], r.t);
 }
 
-/* catalog.c: the checkpoint's files, names and per-layer tables */
+/* catalog.c: the per-layer tables built from the checkpoint (st->ck) */
 void store_problem(df_store *st, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
 const store_item *store_find_item(const store_item *items, int n, const char *key);
-int store_shard_name_ok(const char *f);
-int store_add_shard(df_store *st, const char *file, df_error *err);
 void store_align_view(df_store *st, df_tensor *v, int elem_size);
 /* Points the item's view at p (an int8 span splits into row scales then rows). */
 void store_item_place(store_item *it, const uint8_t *p);
-int catalog_load_config(df_store *st, int *n_layers, df_error *err);
-int catalog_collect(df_store *st, store_refs *refs, df_error *err);
-int catalog_build_tables(df_store *st, const store_refs *refs, int cfg_layers, df_error *err);
+int catalog_build_tables(df_store *st, df_error *err);
 int catalog_use_int8_spine(df_store *st, df_error *err);
 
 /* experts.c: pairing and checking routed experts, reading them into cache slots */

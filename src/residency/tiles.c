@@ -4,7 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 void tiles_init(tiles *t, const df_tensor *whole, uint64_t row_bytes, uint64_t tile_bytes, int first_unit) {
     int64_t rows = whole->shape[0];

@@ -6,7 +6,7 @@
 
 #include <stdint.h>
 #include "deltafin.h"
-#include "../common/tensor.h"
+#include "common/tensor.h"
 #include "spine.h"
 
 typedef struct tiles {

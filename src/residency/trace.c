@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "../common/util.h"
+#include "common/util.h"
 
 #define RTRACE_MAGIC "deltafin-routing-trace 1"
 #define RTRACE_MAX_LAYERS 4096
