@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # gpu-machine.sh — on a machine with an NVIDIA GPU but without the project's -dev packages (and no network):
 # unpacks the Debian packages in DEBS (default .debs: the -dev packages of jansson, PCRE2, liburing,
-# libmicrohttpd and curl, with their runtime libraries, fetched beforehand with `apt-get download`) into a prefix,
+# libmicrohttpd and curl, with their runtime libraries, fetched beforehand by scripts/gpu-debs.sh) into a prefix,
 # builds the project against it and runs `make test-gpu`. The machine's own runtime libraries are used where it
 # has them; the packages' ones only where it does not.
 #   bash scripts/gpu-machine.sh [--build-only] [make test-gpu arguments...]
