@@ -8,7 +8,9 @@
 
 typedef enum {
     R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_PAGE, R_TOKENIZE, R_DETOKENIZE,
-    R_PROPS
+    R_PROPS,
+    /* api.h: ollama's /api/... and llama.cpp's /completion */
+    R_OLLAMA_VERSION, R_OLLAMA_TAGS, R_OLLAMA_PS, R_OLLAMA_SHOW, R_OLLAMA_CHAT, R_OLLAMA_GENERATE, R_LLAMA_COMPLETION
 } route;
 
 /* One request; shared by the connection and, for a stream, its response (refs), so that whoever ends last

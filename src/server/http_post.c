@@ -12,6 +12,7 @@
 #include <time.h>
 #include <unistd.h>
 #include "common/util.h"
+#include "server/api.h"
 #include "server/http_internal.h"
 #include "server/tools.h"
 
@@ -75,12 +76,25 @@ typedef struct stream_ctx {
     double last_write;
 } stream_ctx;
 
-static ssize_t stream_comment(stream_ctx *st, char *buf, size_t max) {
-    static const char ka[] = ": keep-alive\n\n";
-    size_t n = DF_MIN(max, sizeof ka - 1);
-    memcpy(buf, ka, n);
+/* What a stream sends while nothing else is: an SSE comment telling where the request is (queued, or how
+ * much of its prompt is in), or the wire's own keepalive line. Appended to j->sse so that a keepalive longer
+ * than MHD's buffer is still sent whole. */
+static void stream_keepalive(stream_ctx *st) {
+    srv_job *j = st->j;
+    text_buf ka = {0};
+    if (j->wire) {
+        j->wire->keepalive(st->s, j, &ka);
+    } else {
+        long long at = atomic_load(&j->prefilled);
+        if (at < 0) text_buf_puts(&ka, ": keep-alive queued\n\n");
+        else if (at < (long long)j->prompt.n) text_buf_printf(&ka, ": keep-alive prefill %lld/%zu\n\n", at, j->prompt.n);
+        else text_buf_puts(&ka, ": keep-alive\n\n");
+    }
+    pthread_mutex_lock(&st->s->mu);
+    text_buf_append(&j->sse, ka.p, ka.len);
+    pthread_mutex_unlock(&st->s->mu);
+    text_buf_free(&ka);
     st->last_write = df_now();
-    return (ssize_t)n;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -102,10 +116,14 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
         if (over) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->cl.probe_pending) {
             st->cl.probe_pending = 0;
-            return stream_comment(st, buf, max);
+            stream_keepalive(st);
+            continue;
         }
         double left = s->o.keepalive_s - (df_now() - st->last_write);
-        if (left <= 0) return stream_comment(st, buf, max);
+        if (left <= 0) {
+            stream_keepalive(st);
+            continue;
+        }
         if (wait_news(j, &st->cl, (int)(left * 1000) + 1)) {
             job_cancel(s, j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -138,7 +156,7 @@ static enum MHD_Result send_stream(srv *s, struct MHD_Connection *c, conn_ctx *c
     pthread_mutex_unlock(&s->mu);
     struct MHD_Response *rsp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
                                                                  stream_free);
-    MHD_add_response_header(rsp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(rsp, "Content-Type", j->wire ? j->wire->stream_type : "text/event-stream");
     MHD_add_response_header(rsp, "Cache-Control", "no-cache");
     MHD_add_response_header(rsp, "X-Accel-Buffering", "no");
     return http_queue_response(s, c, cc, 200, rsp);   /* stream_free runs when MHD is done with it */
@@ -169,8 +187,9 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
             return -1;
         }
         chat_message *m = xcalloc((size_t)r->n_msgs, sizeof *m);
-        for (int i = 0; i < r->n_msgs; i++)
-            m[i] = (chat_message){r->msgs[i].role, r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
+        for (int i = 0; i < r->n_msgs; i++)   /* a developer message is the system prompt the templates know */
+            m[i] = (chat_message){strcmp(r->msgs[i].role, "developer") ? r->msgs[i].role : "system",
+                                  r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
         chat_opts co;
         chat_opts_default(&co);
         if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
@@ -281,39 +300,78 @@ static void parse_leave(srv *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* An error in the shape of the request's API. */
+static enum MHD_Result send_err(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_wire *w, const srv_err *e) {
+    if (!w) return http_send_error(s, c, cc, e, NULL);
+    text_buf b = {0};
+    w->error(e, 0, &b);
+    enum MHD_Result r = http_send_text(s, c, cc, e->status, "application/json", b.p, b.len, NULL);
+    text_buf_free(&b);
+    return r;
+}
+
 enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err err = {0};
+    api_call ac = {0};
+    if (api_is_foreign(cc->r)) {   /* another API's body: turned into the OpenAI one request.c checks */
+        int entered = parse_enter(s);
+        int rc = entered ? api_translate(s, cc->r, cc->body.p ? cc->body.p : "", cc->body.len, &ac, &err) : -1;
+        if (entered) parse_leave(s);
+        else srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+        if (rc) {
+            enum MHD_Result r = send_err(s, c, cc, ac.wire, &err);
+            api_call_free(&ac);
+            return r;
+        }
+        if (ac.answer) {   /* nothing to generate */
+            enum MHD_Result r = http_send_json(s, c, cc, 200, ac.answer);
+            api_call_free(&ac);
+            return r;
+        }
+    }
+    const srv_wire *wire = ac.wire;
     srv_job *j = job_new(s);
     const char *names[SRV_MAX_NAMES + 1];
     int n_names = 0;
     names[n_names++] = s->model_id;
     for (int i = 0; i < s->o.n_aliases; i++) names[n_names++] = s->o.aliases[i];
     srv_limits lim = {names, n_names, s->info->vocab_size, s->o.strict, DF_MIN(SRV_MAX_CHOICES, s->n_slots)};
-    srv_endpoint ep = cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
+    srv_endpoint ep = wire ? ac.ep : cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
+    /* the wire's state goes with the job, which frees it */
+    j->wire = wire;
+    j->wire_ctx = ac.wire_ctx;
+    ac.wire_ctx = NULL;
     if (!parse_enter(s)) {
         srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        api_call_free(&ac);
+        return send_err(s, c, cc, wire, &err);
     }
-    int bad = srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, &lim, &j->req, &err) ||
-              build_prompt(s, j, &err);
+    int bad = ac.body ? srv_request_parse(ac.body, strlen(ac.body), ep, &lim, &j->req, &err)
+                      : srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, &lim, &j->req, &err);
+    bad = bad || build_prompt(s, j, &err);
     parse_leave(s);
-    if (!bad && j->req.ignored) {
-        cc->ignored = xstrdup(j->req.ignored);
+    if (!bad && (j->req.ignored || ac.ignored)) {   /* the foreign API's own ignored fields, then the body's */
+        text_buf ig = {0};
+        text_buf_printf(&ig, "%s%s%s", ac.ignored ? ac.ignored : "", ac.ignored && j->req.ignored ? "," : "",
+                        j->req.ignored ? j->req.ignored : "");
+        cc->ignored = ig.p;
     }
+    api_call_free(&ac);
     if (bad) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return send_err(s, c, cc, wire, &err);
     }
     j->model_name = srv_model_id(s);
     for (int i = 0; j->req.model && i < n_names; i++)
         if (!strcmp(j->req.model, names[i])) j->model_name = names[i];
     j->n_prompt = (int)j->prompt.n;
     cc->n_prompt = j->n_prompt;
-    if (j->req.stream && ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
+    if (j->req.stream && wire) wire->start(s, j, &j->sse);
+    else if (j->req.stream && ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
     if (job_enqueue(s, j, &err)) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return send_err(s, c, cc, wire, &err);
     }
     if (j->req.stream) return send_stream(s, c, cc, j);   /* the stream now owns our reference */
     client cl;
@@ -339,9 +397,9 @@ enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx 
     enum MHD_Result ret;
     if (failed) {
         if (!j->err.status) srv_err_set(&j->err, 500, "server_error", "cancelled", NULL, "The generation was cancelled.");
-        ret = http_send_error(s, c, cc, &j->err, NULL);
+        ret = send_err(s, c, cc, wire, &j->err);
     } else {
-        char *body = respond_final_json(s, j);
+        char *body = wire ? wire->final_json(s, j) : respond_final_json(s, j);
         ret = http_send_json(s, c, cc, 200, body);
         free(body);
     }
