@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `deltafin serve` with real clients: the official openai npm package, raw HTTP error cases, headless
-# Chromium on the chat page (tests/server/*.test.mjs, against the ASan build), then a bounded load test and
+# Chromium on the chat page, ollama-js on the ollama API, the AI SDK and LangChain on chat completions
+# (tests/server/*.test.mjs, against the ASan build), then a bounded load test, 120 slow connections, and
 # slots/queue/churn/slow-client tests against the release build, on the bundled model (models/default; a
 # checkout without it fails here rather than testing some other model). Installs tests/server/node_modules
 # with npm when missing.
@@ -20,7 +21,9 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     exit 1
 fi
 if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules/playwright-core ] ||
-   [ ! -d tests/server/node_modules/ajv-formats ]; then
+   [ ! -d tests/server/node_modules/ajv-formats ] || [ ! -d tests/server/node_modules/ollama ] ||
+   [ ! -d tests/server/node_modules/ai ] || [ ! -d tests/server/node_modules/@ai-sdk/openai-compatible ] ||
+   [ ! -d tests/server/node_modules/@langchain/openai ]; then
     (cd tests/server && npm ci --no-audit --no-fund >"$tmp/npm.log" 2>&1) || {
         tail -n 20 "$tmp/npm.log"
         echo "not ok - npm ci in tests/server"
@@ -79,7 +82,7 @@ else
     echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
 fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web tools json_schema; do
+for t in openai errors web tools json_schema ollama clients; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"
@@ -92,6 +95,12 @@ start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load"
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/load.test.mjs ||
     echo "not ok - tests/server/load.test.mjs exited non-zero"
 stop "$pid" "$tmp/load.log" "release"
+
+# 120 slow connections from one address against the default connection limits and read timeout
+start ./deltafin "$tmp/conns.log" --no-prompt-cache
+DELTAFIN_KEY= DELTAFIN_URL=$url timeout 120 node tests/server/conns.test.mjs ||
+    echo "not ok - tests/server/conns.test.mjs exited non-zero"
+stop "$pid" "$tmp/conns.log" "connections"
 
 # slots, queue, churn and the connection guards (release build: timing-sensitive parts stay quick)
 start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read-timeout 2 --max-conns-per-client 8 \
