@@ -39,7 +39,7 @@ static void conn_log_and_free(conn_ctx *cc) {
     srv *s = cc->s;
     if (s->o.access_log) {
         char extra[700] = "";
-        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS)
+        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS || api_is_foreign(cc->r))
             snprintf(extra, sizeof extra, " prompt=%d cached=%d restored=%d completion=%d ttft_ms=%.0f%s%s%s",
                      cc->n_prompt, cc->n_reused, cc->restored, cc->n_gen, cc->ttft * 1e3,
                      cc->ignored ? " ignored=" : "", cc->ignored ? cc->ignored : "",
