@@ -86,6 +86,7 @@ int api_translate(srv *s, route r, const char *body, size_t len, api_call *out, 
 /* Bytes of the weights (the folder's .safetensors files) and the newest one's time. */
 static long long model_size(const srv *s, time_t *mtime) {
     long long total = 0;
+    int any = 0;
     *mtime = (time_t)s->started;
     DIR *d = opendir(s->o.model_dir);
     if (!d) return 0;
@@ -98,7 +99,8 @@ static long long model_size(const srv *s, time_t *mtime) {
         struct stat st;
         if (stat(path, &st) || !S_ISREG(st.st_mode)) continue;
         total += (long long)st.st_size;
-        if (st.st_mtime > *mtime || total == (long long)st.st_size) *mtime = st.st_mtime;
+        if (!any || st.st_mtime > *mtime) *mtime = st.st_mtime;
+        any = 1;
     }
     closedir(d);
     return total;
@@ -470,6 +472,11 @@ int api_ollama_translate(srv *s, route rt, json_t *root, api_call *out, srv_err 
         return 0;
     }
     if (generate && (raw || !s->has_chat)) {   /* the prompt as it is */
+        if (json_object_get(o, "response_format")) {   /* constrained output starts after the chat format's prompt */
+            refuse(err, "format", "'format' needs the chat format: it cannot be used with raw prompts.");
+            json_decref(o);
+            return -1;
+        }
         out->ep = SRV_EP_COMPLETIONS;
         json_object_set(o, "prompt", prompt);
         json_object_del(o, "reasoning_effort");

@@ -182,8 +182,11 @@ const lines = ndjson.trim().split('\n').map((l) => JSON.parse(l));
 const waits = lines.filter((l) => l.prompt_progress);
 check(r.headers.get('content-type') === 'application/x-ndjson' && firstMs < 1000 && lines[0].done === false,
   `a queued NDJSON stream sends its first line at once (${Math.round(firstMs)} ms)`);
+const progress = waits.map((l) => l.prompt_progress);
 check(waits.length >= 1 && waits.every((l) => l.done === false && l.message.content === '') &&
-  waits.some((l) => l.prompt_progress.queued === true) && lines[lines.length - 1].done === true,
+  progress.some((p) => p.queued === true) && lines[lines.length - 1].done === true &&
+  progress.every((p, i) => p.total === lines[lines.length - 1].prompt_eval_count && p.processed <= p.total &&
+    (i === 0 || p.processed >= progress[i - 1].processed)),
   `keepalive lines while queued (${waits.length}), then the answer`);
 // ollama-js takes those lines as empty pieces
 const busy2 = Array.from({ length: slots }, () =>

@@ -116,6 +116,9 @@ static void test_ollama(srv *s) {
           "generate raw is a completion of the prompt as it is");
     json_decref(o);
     api_call_free(&c);
+    o = translate(s, R_OLLAMA_GENERATE, "{\"prompt\":\"hi\",\"raw\":true,\"format\":\"json\"}", &c, &e);
+    CHECK(!o && e.status == 400 && !strcmp(e.param, "format"), "generate raw with a format → 400 (not unconstrained)");
+    api_call_free(&c);
     o = translate(s, R_OLLAMA_GENERATE, "{\"model\":\"tiny\"}", &c, &e);
     json_t *a = c.answer ? json_loads(c.answer, 0, NULL) : NULL;
     CHECK(o && !c.body && a && !strcmp(str(a, "done_reason"), "load") && json_is_true(json_object_get(a, "done")),
