@@ -8,7 +8,7 @@
 
 typedef enum {
     R_NONE, R_CHAT, R_COMPLETIONS, R_MODELS, R_MODEL, R_HEALTH, R_METRICS, R_PAGE, R_TOKENIZE, R_DETOKENIZE,
-    R_PROPS
+    R_PROPS, R_MESSAGES, R_COUNT_TOKENS, R_RESPONSES
 } route;
 
 /* One request; shared by the connection and, for a stream, its response (refs), so that whoever ends last
@@ -44,6 +44,15 @@ enum MHD_Result http_send_error(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
 
 /* The POST routes, once the whole body is in (http_post.c). */
 enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc);
+/* Fills j->req (a chat request, n = 1, for another wire API) from cc's body; -1 with err on a bad request. */
+typedef int (*http_parse_fn)(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err);
+/* A generation in proto's shapes (NULL: OpenAI's): parsed, tokenised, queued, answered or streamed;
+ * count_only: answers proto->count_json once the prompt is tokenised. */
+enum MHD_Result http_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_proto *proto,
+                              http_parse_fn parse, int count_only);
+/* api_messages.c, api_responses.c */
+enum MHD_Result api_handle_messages(srv *s, struct MHD_Connection *c, conn_ctx *cc);
+enum MHD_Result api_handle_responses(srv *s, struct MHD_Connection *c, conn_ctx *cc);
 enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *cc);
 
 #endif

@@ -83,6 +83,14 @@ static ssize_t stream_comment(stream_ctx *st, char *buf, size_t max) {
     return (ssize_t)n;
 }
 
+/* Another wire API's keepalive is one of its own events, queued behind what the worker wrote. */
+static void stream_proto_keepalive(stream_ctx *st) {
+    pthread_mutex_lock(&st->s->mu);
+    st->j->proto->keepalive(st->s, st->j, &st->j->sse);
+    pthread_mutex_unlock(&st->s->mu);
+    st->last_write = df_now();
+}
+
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
     stream_ctx *st = cls;
     srv *s = st->s;
@@ -98,13 +106,30 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         int over = j->done || s->stopping;
+        if (over && j->proto) {   /* its stream ends with its own final event, whatever ended the job */
+            size_t had = j->sse.len;
+            srv_err e = j->err;
+            if (!e.status)
+                srv_err_set(&e, s->stopping ? 503 : 500, "server_error", s->stopping ? "shutting_down" : "cancelled",
+                            NULL, s->stopping ? "The server is shutting down." : "The generation was cancelled.");
+            j->proto->fail(s, j, &e, &j->sse);
+            over = j->sse.len == had;
+        }
         pthread_mutex_unlock(&s->mu);
         if (over) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->cl.probe_pending) {
             st->cl.probe_pending = 0;
+            if (j->proto) {
+                stream_proto_keepalive(st);
+                continue;
+            }
             return stream_comment(st, buf, max);
         }
         double left = s->o.keepalive_s - (df_now() - st->last_write);
+        if (left <= 0 && j->proto) {
+            stream_proto_keepalive(st);
+            continue;
+        }
         if (left <= 0) return stream_comment(st, buf, max);
         if (wait_news(j, &st->cl, (int)(left * 1000) + 1)) {
             job_cancel(s, j);
@@ -146,8 +171,57 @@ static enum MHD_Result send_stream(srv *s, struct MHD_Connection *c, conn_ctx *c
 
 /* ---- generation requests ---- */
 
+/* A chat request's messages rendered into j->prompt with the model's chat format (and where the prompt cache
+ * should keep its prefix). */
+static int render_chat(srv *s, srv_job *j, srv_err *err) {
+    df_error de = {0};
+    srv_request *r = &j->req;
+    if (!s->has_chat) {
+        srv_err_set(err, 400, "invalid_request_error", "no_chat_format", "messages",
+                    "This model's tokenizer has no chat format; use /v1/completions.");
+        return -1;
+    }
+    chat_message *m = xcalloc((size_t)r->n_msgs, sizeof *m);
+    for (int i = 0; i < r->n_msgs; i++)
+        m[i] = (chat_message){r->msgs[i].role, r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
+    chat_opts co;
+    chat_opts_default(&co);
+    if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
+    else if (r->reasoning_effort) co.effort = r->reasoning_effort;
+    if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
+    if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
+    void *keep;
+    tools_chat_opts(r, &co, &keep);
+    int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
+    /* the prompt cache keeps the conversation before the last user message: what the next turn, or
+     * another chat with the same system prompt, starts with */
+    int last_user = -1;
+    for (int i = 0; i < r->n_msgs; i++)
+        if (!strcmp(r->msgs[i].role, "user")) last_user = i;
+    if (!rc && s->pcache && last_user > 0) {
+        tok_ids head = {0};
+        df_error he = {0};
+        if (!chat_render(s->tok, s->fmt, m, last_user, &co, &head, &he)) {
+            size_t k = 0;
+            while (k < head.n && k < j->prompt.n && head.v[k] == j->prompt.v[k]) k++;
+            j->cache_at = (int64_t)k;
+        }
+        tok_ids_free(&head);
+    }
+    tools_chat_free(keep);
+    free(m);
+    if (rc) {
+        srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
+        return -1;
+    }
+    j->chat = 1;
+    j->in_reasoning = co.thinking;
+    return 0;
+}
+
 /* Tokenises the request into j->prompt and resolves max_tokens; fills err on a bad request. */
 static int build_prompt(srv *s, srv_job *j, srv_err *err) {
+    if (j->count_only && j->req.ep == SRV_EP_CHAT) return render_chat(s, j, err);
     df_error de = {0};
     srv_request *r = &j->req;
     const char *what = r->ep == SRV_EP_CHAT ? "messages" : "prompt";
@@ -163,46 +237,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         return -1;
     }
     if (r->ep == SRV_EP_CHAT) {
-        if (!s->has_chat) {
-            srv_err_set(err, 400, "invalid_request_error", "no_chat_format", "messages",
-                        "This model's tokenizer has no chat format; use /v1/completions.");
-            return -1;
-        }
-        chat_message *m = xcalloc((size_t)r->n_msgs, sizeof *m);
-        for (int i = 0; i < r->n_msgs; i++)
-            m[i] = (chat_message){r->msgs[i].role, r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
-        chat_opts co;
-        chat_opts_default(&co);
-        if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
-        else if (r->reasoning_effort) co.effort = r->reasoning_effort;
-        if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
-        if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
-        void *keep;
-        tools_chat_opts(r, &co, &keep);
-        int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
-        /* the prompt cache keeps the conversation before the last user message: what the next turn, or
-         * another chat with the same system prompt, starts with */
-        int last_user = -1;
-        for (int i = 0; i < r->n_msgs; i++)
-            if (!strcmp(r->msgs[i].role, "user")) last_user = i;
-        if (!rc && s->pcache && last_user > 0) {
-            tok_ids head = {0};
-            df_error he = {0};
-            if (!chat_render(s->tok, s->fmt, m, last_user, &co, &head, &he)) {
-                size_t k = 0;
-                while (k < head.n && k < j->prompt.n && head.v[k] == j->prompt.v[k]) k++;
-                j->cache_at = (int64_t)k;
-            }
-            tok_ids_free(&head);
-        }
-        tools_chat_free(keep);
-        free(m);
-        if (rc) {
-            srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
-            return -1;
-        }
-        j->chat = 1;
-        j->in_reasoning = co.thinking;
+        if (render_chat(s, j, err)) return -1;
     } else if (r->prompt) {
         if (tokenizer_encode(s->tok, r->prompt, r->prompt_len, 0, &j->prompt, &de)) {
             srv_err_set(err, 400, "invalid_request_error", "invalid_value", "prompt", "%s", de.msg);
@@ -281,39 +316,69 @@ static void parse_leave(srv *s) {
     pthread_mutex_unlock(&s->mu);
 }
 
+/* An error in the shapes of the job's wire API. */
+static enum MHD_Result send_job_error(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_proto *proto,
+                                      const srv_err *e) {
+    if (!proto) return http_send_error(s, c, cc, e, NULL);
+    text_buf b = {0};
+    proto->error_json(e, &b);
+    enum MHD_Result r = http_send_text(s, c, cc, e->status, "application/json", b.p, b.len, NULL);
+    text_buf_free(&b);
+    return r;
+}
+
+static int parse_openai(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err) {
+    (void)s;
+    srv_endpoint ep = cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
+    return srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, lim, &j->req, err);
+}
+
 enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
+    return http_generate(s, c, cc, NULL, parse_openai, 0);
+}
+
+enum MHD_Result http_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_proto *proto,
+                              http_parse_fn parse, int count_only) {
     srv_err err = {0};
     srv_job *j = job_new(s);
+    j->proto = proto;
+    j->count_only = count_only;
     const char *names[SRV_MAX_NAMES + 1];
     int n_names = 0;
     names[n_names++] = s->model_id;
     for (int i = 0; i < s->o.n_aliases; i++) names[n_names++] = s->o.aliases[i];
     srv_limits lim = {names, n_names, s->info->vocab_size, s->o.strict, DF_MIN(SRV_MAX_CHOICES, s->n_slots)};
-    srv_endpoint ep = cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
     if (!parse_enter(s)) {
         srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return send_job_error(s, c, cc, proto, &err);
     }
-    int bad = srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, &lim, &j->req, &err) ||
-              build_prompt(s, j, &err);
+    int bad = parse(s, cc, j, &lim, &err) || build_prompt(s, j, &err);
     parse_leave(s);
     if (!bad && j->req.ignored) {
         cc->ignored = xstrdup(j->req.ignored);
     }
     if (bad) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return send_job_error(s, c, cc, proto, &err);
     }
     j->model_name = srv_model_id(s);
     for (int i = 0; j->req.model && i < n_names; i++)
         if (!strcmp(j->req.model, names[i])) j->model_name = names[i];
     j->n_prompt = (int)j->prompt.n;
     cc->n_prompt = j->n_prompt;
-    if (j->req.stream && ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
+    if (count_only) {
+        char *body = proto->count_json(s, j);
+        enum MHD_Result ret = http_send_json(s, c, cc, 200, body);
+        free(body);
+        job_release(s, j);
+        return ret;
+    }
+    if (j->req.stream && proto) proto->start(s, j, &j->sse);
+    else if (j->req.stream && j->req.ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
     if (job_enqueue(s, j, &err)) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return send_job_error(s, c, cc, proto, &err);
     }
     if (j->req.stream) return send_stream(s, c, cc, j);   /* the stream now owns our reference */
     client cl;
@@ -339,9 +404,9 @@ enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx 
     enum MHD_Result ret;
     if (failed) {
         if (!j->err.status) srv_err_set(&j->err, 500, "server_error", "cancelled", NULL, "The generation was cancelled.");
-        ret = http_send_error(s, c, cc, &j->err, NULL);
+        ret = send_job_error(s, c, cc, proto, &j->err);
     } else {
-        char *body = respond_final_json(s, j);
+        char *body = proto ? proto->final_json(s, j) : respond_final_json(s, j);
         ret = http_send_json(s, c, cc, 200, body);
         free(body);
     }

@@ -45,6 +45,25 @@ typedef struct srv_choice {
     gen_finish finish;
 } srv_choice;
 
+struct srv_job;
+struct srv;
+
+/* The shapes of a wire API other than OpenAI's chat/completions (api_messages.c, api_responses.c): a job
+ * with one answers in them. The stream callbacks run with srv.mu held and append to out (NULL: the answer
+ * is not streamed; the callback only keeps what the final answer needs). */
+typedef struct srv_proto {
+    void (*start)(const struct srv *s, struct srv_job *j, text_buf *out);   /* before the job is queued */
+    void (*event)(const struct srv *s, struct srv_job *j, const gen_event *ev, text_buf *out);
+    void (*end)(const struct srv *s, struct srv_job *j, text_buf *out);      /* the answer is complete */
+    /* the stream must end now (failure, cancellation, shutdown); nothing once it has ended */
+    void (*fail)(const struct srv *s, struct srv_job *j, const srv_err *e, text_buf *out);
+    void (*keepalive)(const struct srv *s, struct srv_job *j, text_buf *out);
+    char *(*final_json)(const struct srv *s, struct srv_job *j);          /* not streamed */
+    char *(*count_json)(const struct srv *s, struct srv_job *j);          /* a token count request */
+    void (*error_json)(const srv_err *e, text_buf *out);
+    void (*free_state)(struct srv_job *j);
+} srv_proto;
+
 typedef struct srv_job {
     struct srv_job *next;        /* queue link (srv.mu) */
     int refs;                    /* srv.mu: the connection's and the queue/worker's */
@@ -73,6 +92,9 @@ typedef struct srv_job {
     char id[48];
     long long created;
     void *tools;                 /* tools.c: constraint, tool-call parser, streaming progress */
+    const srv_proto *proto;      /* NULL: OpenAI chat/completions shapes */
+    void *proto_state;           /* the proto's (srv.mu while streaming) */
+    int count_only;              /* answer the prompt's token count, generate nothing */
 } srv_job;
 
 /* ---- conversation slots (worker-only) ---- */

@@ -303,3 +303,8 @@ void tools_final_message(const srv_job *j, json_t *msg) {
     json_object_set_new(msg, "tool_calls", calls);
     if (!j->choices[0].content.len) json_object_set_new(msg, "content", json_null());   /* tools: n is 1 */
 }
+
+const chat_tool_parser *tools_parser(const srv_job *j) {
+    const tools_job *t = j->tools;
+    return t ? t->parser : NULL;
+}

@@ -39,5 +39,7 @@ void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out);
 const char *tools_finish_reason(const srv_job *j, const char *dflt);
 /* Adds message.tool_calls (content becomes null when empty). */
 void tools_final_message(const srv_job *j, json_t *msg);
+/* The job's tool calls read so far (other wire APIs shape them themselves); NULL when it declared no tools. */
+const chat_tool_parser *tools_parser(const srv_job *j);
 
 #endif

@@ -32,6 +32,7 @@ srv_job *job_new(srv *s) {
 }
 
 static void job_free(srv_job *j) {
+    if (j->proto && j->proto->free_state) j->proto->free_state(j);
     tools_job_free(j);
     srv_request_free(&j->req);
     tok_ids_free(&j->prompt);
@@ -276,7 +277,13 @@ static int on_event(void *ctx, const gen_event *ev) {
     int c = w->sl->choice;
     j->choices[c].n_gen++;
     if (ev->final) j->choices[c].finish = ev->finish;
-    if (j->req.stream) {
+    if (j->proto) {   /* n is 1: the proto keeps the text and writes its own events */
+        respond_accumulate(w->s, j, c, ev);
+        pthread_mutex_lock(&w->s->mu);
+        j->proto->event(w->s, j, ev, j->req.stream ? &j->sse : NULL);
+        pthread_mutex_unlock(&w->s->mu);
+        if (j->req.stream) job_wake(j);
+    } else if (j->req.stream) {
         text_buf chunk = {0};
         tools_sse_deltas(w->s, j, ev->final, &chunk);   /* tools and n > 1 do not go together */
         respond_sse_event(w->s, j, c, ev, &chunk);
@@ -332,7 +339,9 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
             j->failed = 1;
             srv_err_set(&j->err, 500, "server_error", "generation_failed", NULL, "Generation failed: %s",
                         err ? err->msg : "unknown error");
-            if (j->req.stream) {
+            if (j->req.stream && j->proto) {
+                j->proto->fail(s, j, &j->err, &j->sse);
+            } else if (j->req.stream) {
                 text_buf b = {0};
                 srv_err_json(&j->err, &b);
                 text_buf_printf(&j->sse, "data: %s\n\ndata: [DONE]\n\n", b.p);
@@ -341,7 +350,9 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
         }
     }
     if (--j->n_open == 0) {
-        if (j->req.stream && !j->failed) {
+        if (j->req.stream && !j->failed && j->proto) {
+            j->proto->end(s, j, &j->sse);
+        } else if (j->req.stream && !j->failed) {
             text_buf end = {0};
             respond_sse_end(s, j, &end);
             text_buf_append(&j->sse, end.p, end.len);
