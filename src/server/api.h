@@ -44,6 +44,12 @@ int api_get_model(api_build *b, json_t *v);
 /* A JSON schema for constrained output (json_schema): -1 when it cannot be generated. */
 int api_set_schema(api_build *b, const char *param, json_t *schema);
 
+/* The request parsers (pure: no model, no I/O; fuzzed): fill j->req, as a chat request, and j->proto_state
+ * from a body; -1 with err (an HTTP 4xx) on a bad request. */
+int api_messages_parse(const char *body, size_t len, srv_job *j, const srv_limits *lim, srv_err *err);
+int api_responses_parse(const char *body, size_t len, srv_job *j, const srv_limits *lim, srv_err *err);
+extern const srv_proto api_messages_proto, api_responses_proto;
+
 /* "event: NAME\ndata: JSON\n\n" (o is consumed; nothing is written when out is NULL). */
 void api_sse(text_buf *out, const char *event, json_t *o);
 /* Valid UTF-8 prefix length of p[0..n), stopping before an incomplete sequence. */

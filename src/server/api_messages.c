@@ -293,13 +293,12 @@ static int parse_output_format(api_build *b, json_t *v, const char *param) {
     return api_set_schema(b, param, json_object_get(v, "schema"));
 }
 
-static int parse_body(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err) {
-    (void)s;
+int api_messages_parse(const char *body, size_t len, srv_job *j, const srv_limits *lim, srv_err *err) {
     msg_state *st = xcalloc(1, sizeof *st);
     j->proto_state = st;
     snprintf(st->id, sizeof st->id, "msg_%s", j->id);
     json_error_t je;
-    json_t *root = json_loadb(cc->body.p ? cc->body.p : "", cc->body.len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(root)) {
         srv_err_set(err, 400, "invalid_request_error", "invalid_json", NULL,
                     root ? "The request body must be a JSON object." : "The request body is not valid JSON (line %d: %s).",
@@ -559,9 +558,14 @@ static void msg_free_state(srv_job *j) {
     j->proto_state = NULL;
 }
 
-static const srv_proto messages_proto = {msg_start, msg_event, msg_end, msg_fail, msg_keepalive, msg_final_json,
+const srv_proto api_messages_proto = {msg_start, msg_event, msg_end, msg_fail, msg_keepalive, msg_final_json,
                                          msg_count_json, msg_error_json, msg_free_state};
 
+static int parse_body(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err) {
+    (void)s;
+    return api_messages_parse(cc->body.p ? cc->body.p : "", cc->body.len, j, lim, err);
+}
+
 enum MHD_Result api_handle_messages(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
-    return http_generate(s, c, cc, &messages_proto, parse_body, cc->r == R_COUNT_TOKENS);
+    return http_generate(s, c, cc, &api_messages_proto, parse_body, cc->r == R_COUNT_TOKENS);
 }

@@ -271,13 +271,12 @@ static int parse_reasoning_field(api_build *b, json_t *v) {
     return 0;
 }
 
-static int parse_body(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err) {
-    (void)s;
+int api_responses_parse(const char *body, size_t len, srv_job *j, const srv_limits *lim, srv_err *err) {
     resp_state *st = xcalloc(1, sizeof *st);
     j->proto_state = st;
     snprintf(st->id, sizeof st->id, "resp_%s", j->id);
     json_error_t je;
-    json_t *root = json_loadb(cc->body.p ? cc->body.p : "", cc->body.len, JSON_REJECT_DUPLICATES, &je);
+    json_t *root = json_loadb(body, len, JSON_REJECT_DUPLICATES, &je);
     if (!json_is_object(root)) {
         srv_err_set(err, 400, "invalid_request_error", "invalid_json", NULL,
                     root ? "The request body must be a JSON object." : "The request body is not valid JSON (line %d: %s).",
@@ -588,9 +587,14 @@ static void resp_free_state(srv_job *j) {
     j->proto_state = NULL;
 }
 
-static const srv_proto responses_proto = {resp_start, resp_event, resp_end, resp_fail, resp_keepalive, resp_final_json,
+const srv_proto api_responses_proto = {resp_start, resp_event, resp_end, resp_fail, resp_keepalive, resp_final_json,
                                           resp_count_json, resp_error_json, resp_free_state};
 
+static int parse_body(srv *s, conn_ctx *cc, srv_job *j, const srv_limits *lim, srv_err *err) {
+    (void)s;
+    return api_responses_parse(cc->body.p ? cc->body.p : "", cc->body.len, j, lim, err);
+}
+
 enum MHD_Result api_handle_responses(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
-    return http_generate(s, c, cc, &responses_proto, parse_body, 0);
+    return http_generate(s, c, cc, &api_responses_proto, parse_body, 0);
 }

@@ -174,10 +174,12 @@ if (KEY) {
   const longSystem = 'You are a careful assistant who reads the whole question before answering it. '.repeat(12);
   const ask2 = (first) => client.messages.create({ model, max_tokens: 2, temperature: 0, messages,
     system: [{ type: 'text', text: first }, { type: 'text', text: longSystem }] });
-  await ask2('x-anthropic-billing-header: cc_version=2.1.0.aaa; cc_entrypoint=cli; cch=11111;');
-  const b = await ask2('x-anthropic-billing-header: cc_version=2.1.0.aaa; cc_entrypoint=cli; cch=22222;');
-  await ask2('x-other-header: 11111');
-  const d = await ask2('x-other-header: 22222');
+  const tag = () => Math.random().toString(36).slice(2, 10);   // fresh per run: nothing cached from before
+  await ask2(`x-anthropic-billing-header: cc_version=2.1.0.aaa; cc_entrypoint=cli; cch=${tag()};`);
+  const b = await ask2(`x-anthropic-billing-header: cc_version=2.1.0.aaa; cc_entrypoint=cli; cch=${tag()};`);
+  const other = tag();
+  await ask2(`x-other-header-${other}: 1`);
+  const d = await ask2(`x-other-header-${other}: 2`);
   const total = b.usage.input_tokens + b.usage.cache_read_input_tokens;
   // reused from the slot or the prompt cache: at least the system prompt (the cache keeps what precedes the
   // last user message)
