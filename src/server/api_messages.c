@@ -364,9 +364,14 @@ static const char *error_type(int status) {
 }
 
 static json_t *error_object(const srv_err *e) {
-    /* Claude Code compacts the conversation when the message starts like this */
+    /* Claude Code compacts the conversation on Anthropic's own wording of an overflow */
     char msg[720];
-    snprintf(msg, sizeof msg, "%s%s", strcmp(e->code, "context_length_exceeded") ? "" : "prompt is too long: ", e->msg);
+    unsigned long long have;
+    long long ctx;
+    if (strcmp(e->code, "context_length_exceeded")) snprintf(msg, sizeof msg, "%s", e->msg);
+    else if (sscanf(e->msg, "The prompt has %llu tokens; this model's context is %lld tokens.", &have, &ctx) == 2)
+        snprintf(msg, sizeof msg, "prompt is too long: %llu tokens > %lld maximum", have, ctx);
+    else snprintf(msg, sizeof msg, "prompt is too long: %s", e->msg);
     return json_pack("{s:s,s:{s:s,s:s}}", "type", "error", "error", "type", error_type(e->status), "message", msg);
 }
 
