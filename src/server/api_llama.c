@@ -1,7 +1,7 @@
 /* api_llama.c — llama.cpp's native POST /completion, as llama-server answers it (Continue's "llama.cpp"
  * provider, llama.cpp's own tools): a prompt string or token ids, n_predict, and either one JSON answer or SSE
  * `data:` events whose "content" carries each piece, the last with "stop":true and the counts and timings
- * (no [DONE], as llama-server). Keepalives are SSE comments telling the prompt's progress. */
+ * (no [DONE], as llama-server). Keepalives are the SSE comments telling the prompt's progress. */
 #include <jansson.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -50,7 +50,7 @@ int api_llama_translate(srv *s, json_t *root, api_call *out, srv_err *err) {
         } else if (!strcmp(key, "cache_prompt") || !strcmp(key, "id_slot")) {
             continue;   /* prompts are always reused from a slot that holds them */
         } else {
-            api_note_ignored(out, key);   /* n_probs, samplers, mirostat, grammar, ... */
+            api_note_ignored(&out->ignored, key);   /* n_probs, samplers, mirostat, grammar, ... */
         }
     }
     if (!rc && !json_object_get(root, "prompt")) rc = refuse(err, "prompt", "Missing required parameter: 'prompt'.");
@@ -109,6 +109,7 @@ static void llama_start(const srv *s, srv_job *j, text_buf *out) {
 
 static void llama_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *out) {
     (void)s;
+    if (!out) return;   /* not streamed: the final answer is the job's text */
     if (!ev->content_len) return;
     json_t *c = json_stringn(ev->content, ev->content_len);
     if (!c) c = respond_lossy_string((const uint8_t *)ev->content, ev->content_len);
@@ -119,19 +120,14 @@ static void llama_event(const srv *s, srv_job *j, const gen_event *ev, text_buf 
 
 static void llama_end(const srv *s, srv_job *j, text_buf *out) { sse_put(final_json(s, j, 0), out); }
 
-static void llama_keepalive(const srv *s, srv_job *j, text_buf *out) {
-    (void)s;
-    long long at = atomic_load(&j->prefilled);
-    if (at < 0) text_buf_puts(out, ": keep-alive queued\n\n");
-    else if (at < (long long)j->prompt.n) text_buf_printf(out, ": keep-alive prefill %lld/%zu\n\n", at, j->prompt.n);
-    else text_buf_puts(out, ": keep-alive\n\n");
-}
+static void llama_error(const srv_err *e, text_buf *out) { srv_err_json(e, out); }
 
-static void llama_error(const srv_err *e, int in_stream, text_buf *out) {
+static void llama_fail(const srv *s, srv_job *j, const srv_err *e, text_buf *out) {
+    (void)s;
+    (void)j;
     text_buf b = {0};
     srv_err_json(e, &b);
-    if (in_stream) text_buf_printf(out, "data: %s\n\n", b.p);
-    else text_buf_append(out, b.p, b.len);
+    text_buf_printf(out, "data: %s\n\n", b.p);
     text_buf_free(&b);
 }
 
@@ -148,8 +144,8 @@ static const srv_wire llama_wire = {
     .start = llama_start,
     .event = llama_event,
     .end = llama_end,
-    .keepalive = llama_keepalive,
-    .error = llama_error,
+    .fail = llama_fail,
+    .error = llama_error,   /* keepalives: the SSE progress comments every stream has */
     .final_json = llama_final,
     .free_ctx = llama_ctx_free,
 };

@@ -34,10 +34,14 @@ route api_route_of(const char *url) {
 }
 
 int api_route_is_post(route r) {
-    return r == R_OLLAMA_SHOW || r == R_OLLAMA_CHAT || r == R_OLLAMA_GENERATE || r == R_LLAMA_COMPLETION;
+    return r == R_MESSAGES || r == R_COUNT_TOKENS || r == R_RESPONSES || r == R_OLLAMA_SHOW || r == R_OLLAMA_CHAT ||
+           r == R_OLLAMA_GENERATE || r == R_LLAMA_COMPLETION;
 }
 
-int api_is_foreign(route r) { return r == R_OLLAMA_CHAT || r == R_OLLAMA_GENERATE || r == R_LLAMA_COMPLETION; }
+int api_route_generates(route r) {
+    return r == R_MESSAGES || r == R_COUNT_TOKENS || r == R_RESPONSES || r == R_OLLAMA_CHAT ||
+           r == R_OLLAMA_GENERATE || r == R_LLAMA_COMPLETION;
+}
 
 int api_route_is_public(route r) { return r == R_OLLAMA_VERSION; }
 
@@ -52,17 +56,10 @@ const char *api_served_name(const srv *s, const char *asked) {
     return NULL;
 }
 
-void api_note_ignored(api_call *c, const char *name) {
-    text_buf b = {0};
-    text_buf_printf(&b, "%s%s%.100s", c->ignored ? c->ignored : "", c->ignored ? "," : "", name);
-    free(c->ignored);
-    c->ignored = b.p;
-}
-
 void api_call_free(api_call *c) {
     free(c->body);
     free(c->answer);
-    free(c->ignored);
+    text_buf_free(&c->ignored);
     if (c->wire && c->wire->free_ctx && c->wire_ctx) c->wire->free_ctx(c->wire_ctx);
     memset(c, 0, sizeof *c);
 }
@@ -79,6 +76,38 @@ int api_translate(srv *s, route r, const char *body, size_t len, api_call *out, 
                     "The request body is not valid JSON (line %d, column %d: %s).", je.line, je.column, je.text);
     json_decref(root);
     return rc;
+}
+
+/* The translated body's parse: the OpenAI one's, with the foreign API's ignored fields listed first. */
+static int parse_translated(srv *s, conn_ctx *cc, void *arg, srv_job *j, const srv_limits *lim, srv_err *err) {
+    (void)s;
+    (void)cc;
+    api_call *ac = arg;
+    j->wire_ctx = ac->wire_ctx;   /* the job frees it from now on */
+    ac->wire_ctx = NULL;
+    if (srv_request_parse(ac->body, strlen(ac->body), ac->ep, lim, &j->req, err)) return -1;
+    if (ac->ignored.len) {
+        text_buf ig = {0};
+        text_buf_printf(&ig, "%s%s%s", ac->ignored.p, j->req.ignored ? "," : "", j->req.ignored ? j->req.ignored : "");
+        free(j->req.ignored);
+        j->req.ignored = ig.p;
+    }
+    return 0;
+}
+
+enum MHD_Result api_handle_translated(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
+    srv_err err = {0};
+    api_call ac = {0};
+    int entered = http_parse_enter(s);
+    int rc = entered ? api_translate(s, cc->r, cc->body.p ? cc->body.p : "", cc->body.len, &ac, &err) : -1;
+    if (entered) http_parse_leave(s);
+    else srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+    enum MHD_Result r;
+    if (rc) r = http_send_wire_error(s, c, cc, ac.wire, &err);
+    else if (ac.answer) r = http_send_json(s, c, cc, 200, ac.answer);   /* nothing to generate */
+    else r = http_generate(s, c, cc, ac.wire, parse_translated, &ac, 0);
+    api_call_free(&ac);
+    return r;
 }
 
 /* ---- the model as ollama describes it ---- */
@@ -290,7 +319,7 @@ static int map_options(json_t *opts, json_t *o, api_call *out, srv_err *err) {
         } else {   /* num_ctx: the context is the model's; num_gpu, repeat_penalty, mirostat...: not here */
             char name[100];
             snprintf(name, sizeof name, "options.%.64s", key);
-            api_note_ignored(out, name);
+            api_note_ignored(&out->ignored, name);
         }
     }
     return 0;
@@ -390,7 +419,7 @@ static int map_messages(json_t *msgs, json_t *o, api_call *out, srv_err *err) {
             } else {
                 char name[120];
                 snprintf(name, sizeof name, "messages[%zu].%.64s", i, key);
-                api_note_ignored(out, name);
+                api_note_ignored(&out->ignored, name);
             }
         }
         json_t *role = json_object_get(r, "role");
@@ -448,7 +477,7 @@ int api_ollama_translate(srv *s, route rt, json_t *root, api_call *out, srv_err 
             rc = refuse(err, "suffix", "'suffix' (fill in the middle) is not supported: this model has no such tokens.");
         else if (generate && !strcmp(key, "images") && json_is_array(v) && json_array_size(v))
             rc = refuse(err, "images", "Images are not supported: this model takes text only.");
-        else if (!json_is_null(v)) api_note_ignored(out, key);   /* context, template, logprobs, ... */
+        else if (!json_is_null(v)) api_note_ignored(&out->ignored, key);   /* context, template, logprobs, ... */
     }
     if (!rc && !generate && !json_object_get(o, "messages")) rc = refuse(err, "messages", "Missing required parameter: 'messages'.");
     if (!rc && prompt && !json_is_string(prompt)) rc = refuse(err, "prompt", "'prompt' must be a string.");
@@ -575,6 +604,7 @@ static void ollama_start(const srv *s, srv_job *j, text_buf *out) {
 
 static void ollama_event(const srv *s, srv_job *j, const gen_event *ev, text_buf *out) {
     (void)s;
+    if (!out) return;   /* not streamed: the final answer is the job's text */
     if (ev->content_len || ev->reasoning_len) {
         json_t *o = line_base(j, ev->content, ev->content_len, ev->reasoning, ev->reasoning_len);
         json_object_set_new(o, "done", json_false());
@@ -601,9 +631,13 @@ static void ollama_keepalive(const srv *s, srv_job *j, text_buf *out) {
     put_line(o, out);
 }
 
-static void ollama_error(const srv_err *e, int in_stream, text_buf *out) {
-    (void)in_stream;   /* the same line either way: ollama's clients raise it */
-    put_line(json_pack("{s:s}", "error", e->msg), out);
+static void ollama_error(const srv_err *e, text_buf *out) { put_line(json_pack("{s:s}", "error", e->msg), out); }
+
+/* a stream's last line is the error line as a whole answer has it: ollama's clients raise it */
+static void ollama_fail(const srv *s, srv_job *j, const srv_err *e, text_buf *out) {
+    (void)s;
+    (void)j;
+    ollama_error(e, out);
 }
 
 static char *ollama_final(const srv *s, srv_job *j) {
@@ -628,6 +662,7 @@ static const srv_wire ollama_wire = {
     .start = ollama_start,
     .event = ollama_event,
     .end = ollama_end,
+    .fail = ollama_fail,
     .keepalive = ollama_keepalive,
     .error = ollama_error,
     .final_json = ollama_final,

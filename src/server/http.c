@@ -39,7 +39,7 @@ static void conn_log_and_free(conn_ctx *cc) {
     srv *s = cc->s;
     if (s->o.access_log) {
         char extra[700] = "";
-        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS || api_is_foreign(cc->r))
+        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS || api_route_generates(cc->r))
             snprintf(extra, sizeof extra, " prompt=%d cached=%d restored=%d completion=%d ttft_ms=%.0f%s%s%s",
                      cc->n_prompt, cc->n_reused, cc->restored, cc->n_gen, cc->ttft * 1e3,
                      cc->ignored ? " ignored=" : "", cc->ignored ? cc->ignored : "",
@@ -125,6 +125,9 @@ static route route_of(const char *url, const char **arg) {
     if (!strcmp(url, "/tokenize")) return R_TOKENIZE;
     if (!strcmp(url, "/detokenize")) return R_DETOKENIZE;
     if (!strcmp(url, "/props")) return R_PROPS;
+    if (!strcmp(url, "/messages")) return R_MESSAGES;
+    if (!strcmp(url, "/messages/count_tokens")) return R_COUNT_TOKENS;
+    if (!strcmp(url, "/responses")) return R_RESPONSES;
     if (!strcmp(url, "/") || !strcmp(url, "/index.html")) return R_PAGE;
     return R_NONE;
 }
@@ -251,7 +254,8 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
     if (!strcmp(method, "OPTIONS") && origin) {   /* CORS preflight */
         struct MHD_Response *rsp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         MHD_add_response_header(rsp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        MHD_add_response_header(rsp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(rsp, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
         MHD_add_response_header(rsp, "Access-Control-Max-Age", "600");
         return http_queue_response(s, c, cc, 204, rsp);
     }
@@ -266,10 +270,13 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
                     method);
         return http_send_error(s, c, cc, &err, post ? "POST" : "GET, HEAD");
     }
+    /* Anthropic clients send the key as x-api-key */
+    const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
     if (s->o.api_key && route_needs_key(cc->r) &&
-        !guard_key_matches(s->o.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+        !guard_key_matches(s->o.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) &&
+        !(xkey && guard_key_equals(s->o.api_key, xkey))) {
         srv_err_set(&err, 401, "invalid_request_error", "invalid_api_key", NULL,
-                    "Incorrect or missing API key (send 'Authorization: Bearer KEY').");
+                    "Incorrect or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY').");
         return http_send_error(s, c, cc, &err, NULL);
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -320,16 +327,19 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
     }
     switch (cc->r) {
     case R_CHAT:
-    case R_COMPLETIONS:
+    case R_COMPLETIONS: return http_handle_generate(s, c, cc);
     case R_OLLAMA_CHAT:
     case R_OLLAMA_GENERATE:
-    case R_LLAMA_COMPLETION: return http_handle_generate(s, c, cc);
+    case R_LLAMA_COMPLETION: return api_handle_translated(s, c, cc);
     case R_OLLAMA_VERSION:
     case R_OLLAMA_TAGS:
     case R_OLLAMA_PS:
     case R_OLLAMA_SHOW: return api_ollama_handle(s, c, cc);
     case R_TOKENIZE:
     case R_DETOKENIZE: return http_handle_tokens(s, c, cc);
+    case R_MESSAGES:
+    case R_COUNT_TOKENS: return api_handle_messages(s, c, cc);
+    case R_RESPONSES: return api_handle_responses(s, c, cc);
     case R_HEALTH: return http_send_json(s, c, cc, 200, "{\"status\":\"ok\"}");
     case R_PAGE: return api_send_root(s, c, cc);
     case R_METRICS: {

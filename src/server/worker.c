@@ -278,14 +278,16 @@ static int on_event(void *ctx, const gen_event *ev) {
     int c = w->sl->choice;
     j->choices[c].n_gen++;
     if (ev->final) j->choices[c].finish = ev->finish;
-    if (j->req.stream) {
+    if (j->wire) {   /* n is 1: the job keeps the text, the wire writes its own events */
+        respond_accumulate(w->s, j, c, ev);
+        pthread_mutex_lock(&w->s->mu);
+        j->wire->event(w->s, j, ev, j->req.stream && !j->wire_ended ? &j->sse : NULL);
+        pthread_mutex_unlock(&w->s->mu);
+        if (j->req.stream) job_wake(j);
+    } else if (j->req.stream) {
         text_buf chunk = {0};
-        if (j->wire) {
-            j->wire->event(w->s, j, ev, &chunk);
-        } else {
-            tools_sse_deltas(w->s, j, ev->final, &chunk);   /* tools and n > 1 do not go together */
-            respond_sse_event(w->s, j, c, ev, &chunk);
-        }
+        tools_sse_deltas(w->s, j, ev->final, &chunk);   /* tools and n > 1 do not go together */
+        respond_sse_event(w->s, j, c, ev, &chunk);
         pthread_mutex_lock(&w->s->mu);
         text_buf_append(&j->sse, chunk.p, chunk.len);
         pthread_mutex_unlock(&w->s->mu);
@@ -339,7 +341,8 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
             srv_err_set(&j->err, 500, "server_error", "generation_failed", NULL, "Generation failed: %s",
                         err ? err->msg : "unknown error");
             if (j->req.stream && j->wire) {
-                j->wire->error(&j->err, 1, &j->sse);
+                if (!j->wire_ended) j->wire->fail(s, j, &j->err, &j->sse);
+                j->wire_ended = 1;
             } else if (j->req.stream) {
                 text_buf b = {0};
                 srv_err_json(&j->err, &b);
@@ -350,10 +353,12 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
     }
     if (--j->n_open == 0) {
         j->t_done = now;
-        if (j->req.stream && !j->failed) {
+        if (j->req.stream && !j->failed && j->wire) {
+            if (!j->wire_ended) j->wire->end(s, j, &j->sse);
+            j->wire_ended = 1;
+        } else if (j->req.stream && !j->failed) {
             text_buf end = {0};
-            if (j->wire) j->wire->end(s, j, &end);
-            else respond_sse_end(s, j, &end);
+            respond_sse_end(s, j, &end);
             text_buf_append(&j->sse, end.p, end.len);
             text_buf_free(&end);
         }

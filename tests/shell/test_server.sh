@@ -20,10 +20,10 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     echo "not ok - node and npm are needed (scripts/install-deps.sh installs them)"
     exit 1
 fi
-if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules/playwright-core ] ||
-   [ ! -d tests/server/node_modules/ajv-formats ] || [ ! -d tests/server/node_modules/ollama ] ||
-   [ ! -d tests/server/node_modules/ai ] || [ ! -d tests/server/node_modules/@ai-sdk/openai-compatible ] ||
-   [ ! -d tests/server/node_modules/@langchain/openai ]; then
+if [ ! -d tests/server/node_modules/openai/resources/responses ] || [ ! -d tests/server/node_modules/playwright-core ] ||
+   [ ! -d tests/server/node_modules/ajv-formats ] || [ ! -d tests/server/node_modules/@anthropic-ai/sdk ] ||
+   [ ! -d tests/server/node_modules/ollama ] || [ ! -d tests/server/node_modules/ai ] ||
+   [ ! -d tests/server/node_modules/@ai-sdk/openai-compatible ] || [ ! -d tests/server/node_modules/@langchain/openai ]; then
     (cd tests/server && npm ci --no-audit --no-fund >"$tmp/npm.log" 2>&1) || {
         tail -n 20 "$tmp/npm.log"
         echo "not ok - npm ci in tests/server"
@@ -82,7 +82,7 @@ else
     echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
 fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web tools json_schema ollama clients; do
+for t in openai errors web tools json_schema ollama clients anthropic responses; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"
@@ -90,6 +90,31 @@ for t in openai errors web tools json_schema ollama clients; do
 done
 stop "$asan_pid" "$tmp/asan.log" "ASan"
 stop "$q1_pid" "$tmp/q1.log" "queue-1"
+
+# reasoning, and the agent CLIs (tests/server/agents.test.mjs): copies of the bundled model (links to its
+# weights) whose tokenizer names two reserved tokens <think> and </think>, and with a 4,096-token context
+agent_model() {   # DIR THINK
+    mkdir -p "$1"
+    ln -s "$root/$model/model.safetensors" "$root/$model/tiktoken.model" "$1/"
+    sed 's/"model_max_length": 512/"model_max_length": 4096/' $model/config.json >"$1/config.json"
+    if [ "$2" = think ]; then
+        sed 's/<|reserved_token_5906|>/<think>/; s/<|reserved_token_5907|>/<\/think>/' $model/tokenizer_config.json
+    else
+        cat $model/tokenizer_config.json
+    fi | sed 's/"model_max_length": 512/"model_max_length": 4096/' >"$1/tokenizer_config.json"
+}
+agent_model "$tmp/think-model" think
+agent_model "$tmp/long-model" plain
+model=$tmp/think-model start ./deltafin "$tmp/think.log" --no-prompt-cache
+think_url=$url think_pid=$pid
+model=$tmp/long-model start ./deltafin "$tmp/long.log" --no-prompt-cache --parallel 1 --threads 2 --max-tokens 64
+long_url=$url long_pid=$pid
+SECONDS=0
+DELTAFIN_URL_THINK=$think_url DELTAFIN_URL_LONG=$long_url timeout 500 node tests/server/agents.test.mjs ||
+    echo "not ok - tests/server/agents.test.mjs exited non-zero"
+echo "# agents.test.mjs took ${SECONDS}s"
+stop "$think_pid" "$tmp/think.log" "thinking-model"
+stop "$long_pid" "$tmp/long.log" "long-context"
 
 start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load"
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/load.test.mjs ||

@@ -47,8 +47,8 @@ static void test_ollama(srv *s) {
                   json_integer_value(json_object_get(o, "seed")) == 3 && !strcmp(str(o, "stop.0"), "x") &&
                   !strcmp(str(o, "reasoning_effort"), "none") && !strcmp(str(o, "response_format.type"), "json_object"),
               "model without :latest, options, think false and format json map to their OpenAI fields");
-        CHECK(c.ignored && strstr(c.ignored, "options.num_ctx") && !strstr(c.ignored, "keep_alive"),
-              "num_ctx is listed as ignored, keep_alive is a no-op (%s)", c.ignored ? c.ignored : "");
+        CHECK(c.ignored.p && strstr(c.ignored.p, "options.num_ctx") && !strstr(c.ignored.p, "keep_alive"),
+              "num_ctx is listed as ignored, keep_alive is a no-op (%s)", c.ignored.p ? c.ignored.p : "");
         CHECK(!strcmp(str(o, "messages.1.reasoning_content"), "hm") &&
                   !strcmp(str(o, "messages.1.tool_calls.0.function.arguments"), "{\"a\":1}") &&
                   !strcmp(str(o, "messages.1.tool_calls.0.id"), "functions.f:0") &&
@@ -95,7 +95,7 @@ static void test_ollama(srv *s) {
         CHECK(!o && e.status == 400 && !strcmp(e.param, bad[i].param) && c.wire, "%s → 400 param '%s' (got %d '%s')",
               bad[i].body, bad[i].param, e.status, e.param);
         text_buf b = {0};
-        if (c.wire) c.wire->error(&e, 1, &b);
+        if (c.wire) c.wire->error(&e, &b);
         json_t *err = b.p ? json_loads(b.p, 0, NULL) : NULL;
         CHECK(err && str(err, "error") && b.p[b.len - 1] == '\n', "the error is one ollama line {\"error\":…}");
         json_decref(err);
@@ -140,7 +140,7 @@ static void test_llama(srv *s) {
                           &c, &e);
     CHECK(o && c.ep == SRV_EP_COMPLETIONS && json_array_size(json_object_get(o, "prompt")) == 3 &&
               json_integer_value(json_object_get(o, "max_tokens")) == 9 && !json_object_get(o, "seed") &&
-              json_is_true(json_object_get(o, "stream")) && c.ignored && !strcmp(c.ignored, "mirostat"),
+              json_is_true(json_object_get(o, "stream")) && c.ignored.p && !strcmp(c.ignored.p, "mirostat"),
           "/completion: token ids, n_predict, seed -1 as none, cache_prompt a no-op, others listed (%s)", e.msg);
     json_decref(o);
     api_call_free(&c);
