@@ -3,7 +3,8 @@
  * /api/chat and /api/generate answered as NDJSON (one JSON object a line, streamed unless "stream":false).
  * A stream's first line goes out before the request is queued, and while the prompt waits or is prefilled a
  * line with empty content and done:false repeats every keepalive interval (clients take it as an empty
- * piece), carrying "prompt_progress". Also the routing of these paths and GET / (api.h). */
+ * piece), carrying "prompt_progress". Also the route helpers of every wire API in api.h, GET /, and the
+ * handler that runs a translated request (ollama's and /completion's) through the generation path. */
 #include <dirent.h>
 #include <jansson.h>
 #include <stdio.h>

@@ -1,6 +1,7 @@
 /* test_server_wire.c — the other wire APIs and the chat fields clients differ on, without a model: ollama's
  * and llama.cpp's request bodies turned into the OpenAI body (options, format, think, tool calls, ids, names,
- * refusals), the reasoning read under either name and written under both. */
+ * refusals), the reasoning read under either name and written under both, and the hooks every API's answers
+ * are written through. */
 #include <jansson.h>
 #include <string.h>
 #include "test.h"
@@ -198,6 +199,48 @@ static void test_reasoning(srv *s) {
     text_buf_free(&ch.reasoning);
 }
 
+/* Every API's hooks as the worker and the stream call them: those called unconditionally are set, the framing
+ * matches the Content-Type, and a stream's fail writes one last piece in that framing carrying the error. */
+static void test_wires(srv *s) {
+    api_call c;
+    srv_err e;
+    const srv_wire *oll = NULL, *lla = NULL;
+    if (!api_translate(s, R_OLLAMA_CHAT, "{\"messages\":[]}", 15, &c, &e)) oll = c.wire;
+    api_call_free(&c);
+    if (!api_translate(s, R_LLAMA_COMPLETION, "{\"prompt\":\"x\"}", 14, &c, &e)) lla = c.wire;
+    api_call_free(&c);
+    CHECK(oll && lla, "ollama's chat and /completion bodies translate");
+    const struct { const char *name; const srv_wire *w; const char *type; } all[] = {
+        {"messages", &api_messages_wire, "text/event-stream"}, {"responses", &api_responses_wire, "text/event-stream"},
+        {"ollama", oll, "application/x-ndjson"}, {"completion", lla, "text/event-stream"},
+    };
+    for (size_t i = 0; i < sizeof all / sizeof *all; i++) {
+        const srv_wire *w = all[i].w;
+        CHECK(w && w->start && w->event && w->end && w->fail && w->error && w->final_json && w->free_ctx &&
+                  !strcmp(w->stream_type, all[i].type),
+              "%s: every hook the worker and the stream call is set, streams as %s", all[i].name, all[i].type);
+    }
+    srv_job j;
+    memset(&j, 0, sizeof j);
+    srv_err_set(&e, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
+    text_buf b = {0};
+    if (lla) lla->fail(s, &j, &e, &b);
+    CHECK(b.p && !strncmp(b.p, "data: {", 7) && strstr(b.p, "shutting down") && !strcmp(b.p + b.len - 2, "\n\n"),
+          "/completion's stream ends with an error data event");
+    text_buf_free(&b);
+    if (oll) oll->fail(s, &j, &e, &b);
+    json_t *line = b.p ? json_loadb(b.p, b.len - 1, 0, NULL) : NULL;
+    CHECK(line && strstr(json_string_value(json_object_get(line, "error")), "shutting down") && b.p[b.len - 1] == '\n',
+          "ollama's stream ends with an error line");
+    json_decref(line);
+    text_buf_free(&b);
+    api_messages_wire.fail(s, &j, &e, &b);
+    CHECK(b.p && !strncmp(b.p, "event: error\ndata: ", 19) && strstr(b.p, "\"type\":\"error\"") &&
+              strstr(b.p, "shutting down"),
+          "a Messages stream ends with an error event");
+    text_buf_free(&b);
+}
+
 int main(void) {
     df_model_info info = {.family = "kimi_linear", .vocab_size = 512, .hidden_size = 64, .n_layers = 2,
                           .max_context = 512};
@@ -208,5 +251,6 @@ int main(void) {
     test_ollama(&s);
     test_llama(&s);
     test_reasoning(&s);
+    test_wires(&s);
     TEST_EXIT();
 }
