@@ -7,6 +7,7 @@
 #include <string.h>
 #include "cli.h"
 #include "cli_opts.h"
+#include "api/api.h"
 #include "server/server.h"
 
 static void serve_usage(FILE *f) {
@@ -108,6 +109,7 @@ int cmd_serve(int argc, char **argv) {
     spec_opts spo;
     spec_opts_default(&spo);
     o.spec = &spo;
+    o.api = api_routes();
     char *file_key = NULL;
     int c, bad = 0;
     while ((c = getopt_long(argc, argv, "m:p:t:h", longopts, NULL)) != -1) {

@@ -90,6 +90,7 @@ static int gen_emit(gen_state *st, int32_t id, const sample_result *sr, gen_resu
     if (stop_feed(&g->stop, g->ct.p, g->ct.len, &g->out)) {
         ev.final = 1;
         ev.finish = GEN_FINISH_STOP;
+        ev.stop = g->stop.hit;
     } else if (ended || at_limit) {
         stop_flush(&g->stop, &g->out);
         ev.final = 1;

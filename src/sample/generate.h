@@ -47,6 +47,7 @@ typedef struct gen_event {
     size_t reasoning_len;
     int final;
     gen_finish finish;
+    const char *stop;                /* final: the stop string that ended it (valid during the call), or NULL */
     int passes, drafted, accepted;   /* the generation's counters so far (gen_result) */
 } gen_event;
 

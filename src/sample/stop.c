@@ -87,7 +87,10 @@ int stop_feed(stop_matcher *m, const char *p, size_t n, text_buf *out) {
     size_t len = m->pend.len, first = len;
     for (int i = 0; i < m->n; i++) {
         const char *hit = memmem(t, len, m->stops[i], m->lens[i]);
-        if (hit && (size_t)(hit - t) < first) first = (size_t)(hit - t);
+        if (hit && (size_t)(hit - t) < first) {
+            first = (size_t)(hit - t);
+            m->hit = m->stops[i];
+        }
     }
     if (first < len) {
         text_buf_append(out, t, first);

@@ -24,6 +24,7 @@ typedef struct stop_matcher {
     int n;
     text_buf pend;   /* held-back text */
     int stopped;
+    const char *hit;   /* the stop string that matched (one of stops), or NULL */
 } stop_matcher;
 
 /* Copies the stop strings; empty ones are ignored. */

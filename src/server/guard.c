@@ -8,7 +8,10 @@
 
 int guard_key_matches(const char *want, const char *auth) {
     if (!auth || strncasecmp(auth, "Bearer", 6) || (auth[6] != ' ' && auth[6] != '\t')) return 0;
-    const char *got = auth + 6;
+    return guard_key_equals(want, auth + 6);
+}
+
+int guard_key_equals(const char *want, const char *got) {
     while (*got == ' ' || *got == '\t') got++;
     size_t lw = strlen(want), lg = strlen(got);
     while (lg && (got[lg - 1] == ' ' || got[lg - 1] == '\t')) lg--;

@@ -10,6 +10,9 @@
 /* 1 when auth is "Bearer KEY" (scheme in any case, spaces after it) with KEY equal to want; compared in
  * time independent of where they differ. */
 int guard_key_matches(const char *want, const char *auth);
+/* 1 when got (a bare key, as x-api-key carries it; surrounding blanks ignored) equals want; compared in time
+ * independent of where they differ. */
+int guard_key_equals(const char *want, const char *got);
 /* 1 when a request carrying this Origin may be answered: no Origin (not a browser), the page's own origin
  * (Origin is http(s)://HOST with HOST the request's Host header), or one of the allowed origins ("*" = any). */
 int guard_origin_allowed(const char *origin, const char *host, const char *const *allowed, int n_allowed);

@@ -1,8 +1,11 @@
 /* http.c — the HTTP layer on libmicrohttpd (one thread per connection): routing, API key, Origin and CORS,
  * body limits, plain responses, an access-log line per request, and listening. A watch thread closes
- * connections whose request does not arrive within the read timeout, so slow clients cannot hold
- * connections, and MHD limits connections per client address. The POST routes' handlers (generation jobs,
- * streaming, /tokenize) are http_post.c. */
+ * connections whose request (headers and body) does not arrive within the read timeout, however steadily it
+ * trickles. The connection limits, in all and per client address, are kept here rather than by MHD: a new
+ * connection over a limit evicts the one of that address (or any) that has waited longest for its request,
+ * and is refused only when every counted connection is being answered, so slow or idle connections cannot
+ * lock out a quick request such as a health probe. The POST routes' handlers (generation jobs, streaming,
+ * /tokenize) are http_post.c. */
 #include <arpa/inet.h>
 #include <netdb.h>
 #include <stdio.h>
@@ -19,7 +22,12 @@ struct srv_conn_watch {
     srv_conn_watch *prev, *next;
     int fd;
     double deadline;   /* the request must have arrived by then; 0 = none (being answered) */
+    int closed;        /* shut down by the watch or evicted: no longer counted */
+    char addr[64];
 };
+
+/* MHD's own limit on connections, above ours so that it accepts what we would rather decide on. */
+#define MHD_CONN_MARGIN 64
 
 
 /* The most JSON values a body may hold: a prompt of the whole context as token ids, or as messages of a
@@ -30,7 +38,7 @@ static void conn_log_and_free(conn_ctx *cc) {
     srv *s = cc->s;
     if (s->o.access_log) {
         char extra[700] = "";
-        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS)
+        if (cc->r == R_CHAT || cc->r == R_COMPLETIONS || (s->o.api && s->o.api->generates(cc->r)))
             snprintf(extra, sizeof extra, " prompt=%d cached=%d restored=%d completion=%d ttft_ms=%.0f%s%s%s",
                      cc->n_prompt, cc->n_reused, cc->restored, cc->n_gen, cc->ttft * 1e3,
                      cc->ignored ? " ignored=" : "", cc->ignored ? cc->ignored : "",
@@ -99,8 +107,10 @@ enum MHD_Result http_send_error(srv *s, struct MHD_Connection *c, conn_ctx *cc, 
 
 /* ---- routing ---- */
 
-static route route_of(const char *url, const char **arg) {
+static route route_of(const srv *s, const char *url, const char **arg) {
     *arg = NULL;
+    route api = s->o.api ? s->o.api->route_of(url) : R_NONE;
+    if (api != R_NONE) return api;
     if (!strncmp(url, "/v1/", 4)) url += 3;
     if (!strcmp(url, "/chat/completions")) return R_CHAT;
     if (!strcmp(url, "/completions")) return R_COMPLETIONS;
@@ -118,11 +128,14 @@ static route route_of(const char *url, const char **arg) {
     return R_NONE;
 }
 
-static int route_is_post(route r) {
-    return r == R_CHAT || r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE;
+static int route_is_post(const srv *s, route r) {
+    return r == R_CHAT || r == R_COMPLETIONS || r == R_TOKENIZE || r == R_DETOKENIZE ||
+           (s->o.api && s->o.api->is_post(r));
 }
 
-static int route_needs_key(route r) { return r != R_HEALTH && r != R_PAGE; }
+static int route_needs_key(const srv *s, route r) {
+    return r != R_HEALTH && r != R_PAGE && !(s->o.api && s->o.api->is_public(r));
+}
 
 /* ---- the connection watch ---- */
 
@@ -135,8 +148,47 @@ static void watch_set(srv *s, struct MHD_Connection *c, double deadline) {
     srv_conn_watch *w = watch_of(c);
     if (!w) return;
     pthread_mutex_lock(&s->cw_mu);
-    w->deadline = deadline;
+    if (!w->closed) w->deadline = deadline;
     pthread_mutex_unlock(&s->cw_mu);
+}
+
+static void client_address(struct MHD_Connection *c, char *out, size_t cap) {
+    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
+    snprintf(out, cap, "-");
+    if (!ci || !ci->client_addr) return;
+    const struct sockaddr *sa = ci->client_addr;
+    if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
+    else if (sa->sa_family == AF_INET6)
+        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
+}
+
+static unsigned conn_limit(const srv *s) {
+    return s->o.max_conns ? (unsigned)s->o.max_conns : (unsigned)(s->n_slots + s->o.queue + 64);
+}
+
+static void conn_close_locked(srv *s, srv_conn_watch *w) {
+    if (w->fd >= 0) shutdown(w->fd, SHUT_RDWR);
+    w->closed = 1;
+    w->deadline = 0;
+    (void)s;
+}
+
+/* A new connection w over a limit (per address when addr is set, else in all): the counted connection
+ * that has waited longest for its request goes; w itself when all of them are being answered. */
+static void conn_make_room_locked(srv *s, srv_conn_watch *w, const char *addr, unsigned limit) {
+    unsigned n = 0;
+    for (srv_conn_watch *o = s->cw_head; o; o = o->next) n += !o->closed && (!addr || !strcmp(o->addr, addr));
+    if (n <= limit) return;
+    srv_conn_watch *victim = NULL;
+    for (srv_conn_watch *o = s->cw_head; o; o = o->next)
+        if (o != w && !o->closed && o->deadline > 0 && (!addr || !strcmp(o->addr, addr)) &&
+            (!victim || o->deadline < victim->deadline))
+            victim = o;
+    conn_close_locked(s, victim ? victim : w);
+    pthread_mutex_lock(&s->m.mu);
+    if (victim) s->m.connections_evicted++;
+    else s->m.connections_refused++;
+    pthread_mutex_unlock(&s->m.mu);
 }
 
 static void on_connection(void *cls, struct MHD_Connection *c, void **socket_context,
@@ -148,10 +200,13 @@ static void on_connection(void *cls, struct MHD_Connection *c, void **socket_con
         srv_conn_watch *w = xcalloc(1, sizeof *w);
         w->fd = ci ? ci->connect_fd : -1;
         w->deadline = df_now() + s->o.read_timeout_s;
+        client_address(c, w->addr, sizeof w->addr);
         w->next = s->cw_head;
         if (s->cw_head) s->cw_head->prev = w;
         s->cw_head = w;
         *socket_context = w;
+        if (s->o.max_conns_per_client > 0) conn_make_room_locked(s, w, w->addr, (unsigned)s->o.max_conns_per_client);
+        if (!w->closed) conn_make_room_locked(s, w, NULL, conn_limit(s));
     } else if (*socket_context) {
         srv_conn_watch *w = *socket_context;
         if (w->prev) w->prev->next = w->next;
@@ -173,8 +228,7 @@ static void *watch_main(void *arg) {
         double now = df_now();
         for (srv_conn_watch *w = s->cw_head; w; w = w->next)
             if (w->deadline > 0 && now > w->deadline && w->fd >= 0) {
-                shutdown(w->fd, SHUT_RDWR);
-                w->deadline = 0;
+                conn_close_locked(s, w);
                 pthread_mutex_lock(&s->m.mu);
                 s->m.connections_timed_out++;
                 pthread_mutex_unlock(&s->m.mu);
@@ -206,7 +260,8 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
     if (!strcmp(method, "OPTIONS") && origin) {   /* CORS preflight */
         struct MHD_Response *rsp = MHD_create_response_from_buffer(0, (void *)"", MHD_RESPMEM_PERSISTENT);
         MHD_add_response_header(rsp, "Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-        MHD_add_response_header(rsp, "Access-Control-Allow-Headers", "Authorization, Content-Type");
+        MHD_add_response_header(rsp, "Access-Control-Allow-Headers",
+                                "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta");
         MHD_add_response_header(rsp, "Access-Control-Max-Age", "600");
         return http_queue_response(s, c, cc, 204, rsp);
     }
@@ -214,17 +269,20 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
         srv_err_set(&err, 404, "invalid_request_error", "not_found", NULL, "Unknown route.");
         return http_send_error(s, c, cc, &err, NULL);
     }
-    int post = route_is_post(cc->r);
+    int post = route_is_post(s, cc->r);
     int ok_method = post ? !strcmp(method, "POST") : (!strcmp(method, "GET") || !strcmp(method, "HEAD"));
     if (!ok_method) {
         srv_err_set(&err, 405, "invalid_request_error", "method_not_allowed", NULL, "Method %s is not allowed here.",
                     method);
         return http_send_error(s, c, cc, &err, post ? "POST" : "GET, HEAD");
     }
-    if (s->o.api_key && route_needs_key(cc->r) &&
-        !guard_key_matches(s->o.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization"))) {
+    /* Anthropic clients send the key as x-api-key */
+    const char *xkey = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "x-api-key");
+    if (s->o.api_key && route_needs_key(s, cc->r) &&
+        !guard_key_matches(s->o.api_key, MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Authorization")) &&
+        !(xkey && guard_key_equals(s->o.api_key, xkey))) {
         srv_err_set(&err, 401, "invalid_request_error", "invalid_api_key", NULL,
-                    "Incorrect or missing API key (send 'Authorization: Bearer KEY').");
+                    "Incorrect or missing API key (send 'Authorization: Bearer KEY' or 'x-api-key: KEY').");
         return http_send_error(s, c, cc, &err, NULL);
     }
     const char *cl = MHD_lookup_connection_value(c, MHD_HEADER_KIND, "Content-Length");
@@ -234,16 +292,6 @@ static enum MHD_Result on_first_call(srv *s, struct MHD_Connection *c, conn_ctx 
         return http_send_error(s, c, cc, &err, NULL);
     }
     return MHD_YES;
-}
-
-static void client_address(struct MHD_Connection *c, char *out, size_t cap) {
-    const union MHD_ConnectionInfo *ci = MHD_get_connection_info(c, MHD_CONNECTION_INFO_CLIENT_ADDRESS);
-    snprintf(out, cap, "-");
-    if (!ci || !ci->client_addr) return;
-    const struct sockaddr *sa = ci->client_addr;
-    if (sa->sa_family == AF_INET) inet_ntop(AF_INET, &((const struct sockaddr_in *)sa)->sin_addr, out, (socklen_t)cap);
-    else if (sa->sa_family == AF_INET6)
-        inet_ntop(AF_INET6, &((const struct sockaddr_in6 *)sa)->sin6_addr, out, (socklen_t)cap);
 }
 
 static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const char *url, const char *method,
@@ -260,7 +308,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         snprintf(cc->path, sizeof cc->path, "%s", url);
         cc->http11 = version && !strcmp(version, MHD_HTTP_VERSION_1_1);
         client_address(c, cc->addr, sizeof cc->addr);
-        cc->r = route_of(url, &cc->model_arg);
+        cc->r = route_of(s, url, &cc->model_arg);
         watch_set(s, c, df_now() + s->o.read_timeout_s);   /* the body has the same time as the headers */
         return on_first_call(s, c, cc, method);
     }
@@ -277,7 +325,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
                     "The request body is larger than %zu bytes.", s->o.max_body);
         return http_send_error(s, c, cc, &err, NULL);
     }
-    if (route_is_post(cc->r) && guard_json_values(cc->body.p, cc->body.len, max_json_values(s)) > max_json_values(s)) {
+    if (route_is_post(s, cc->r) && guard_json_values(cc->body.p, cc->body.len, max_json_values(s)) > max_json_values(s)) {
         srv_err_set(&err, 400, "invalid_request_error", "context_length_exceeded", NULL,
                     "The request holds more than %lld JSON values; this model's context is %lld tokens.",
                     max_json_values(s), (long long)s->info->max_context);
@@ -299,6 +347,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return r;
     }
     case R_PAGE:
+        if (s->o.api) return s->o.api->send_root(s, c, cc);
         return http_send_text(s, c, cc, 200, "text/html; charset=utf-8", srv_page_html, strlen(srv_page_html), NULL);
     case R_METRICS: {
         text_buf b = {0};
@@ -330,6 +379,7 @@ static enum MHD_Result on_request(void *cls, struct MHD_Connection *c, const cha
         return r;
     }
     case R_NONE: break;
+    default: return s->o.api->handle(s, c, cc);   /* only the API table gives these routes */
     }
     return MHD_NO;
 }
@@ -382,13 +432,11 @@ int http_start(srv *s, df_error *err) {
         return DF_EIO;
     }
     s->reaper_started = 1;
-    unsigned conns = s->o.max_conns ? (unsigned)s->o.max_conns : (unsigned)(s->n_slots + s->o.queue + 64);
     unsigned timeout = (unsigned)(s->o.read_timeout_s + 0.999);
     s->mhd = MHD_start_daemon(MHD_USE_THREAD_PER_CONNECTION | MHD_USE_INTERNAL_POLLING_THREAD,
                               0, NULL, NULL, on_request, s, MHD_OPTION_LISTEN_SOCKET, s->listen_fd,
                               MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_NOTIFY_CONNECTION,
-                              on_connection, s, MHD_OPTION_CONNECTION_LIMIT, conns,
-                              MHD_OPTION_PER_IP_CONNECTION_LIMIT, (unsigned)s->o.max_conns_per_client,
+                              on_connection, s, MHD_OPTION_CONNECTION_LIMIT, conn_limit(s) + MHD_CONN_MARGIN,
                               MHD_OPTION_CONNECTION_TIMEOUT, timeout, MHD_OPTION_END);
     if (!s->mhd) {
         df_error_set(err, DF_EIO, "cannot start the HTTP server on %s:%d", s->o.host, s->port);

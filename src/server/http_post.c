@@ -1,5 +1,6 @@
 /* http_post.c — the POST routes once their body is in: a generation request is parsed, tokenised into a
- * job for the worker and answered as JSON or as Server-Sent Events; /tokenize and /detokenize answer at once.
+ * job for the worker and answered as JSON or streamed (SSE, or NDJSON for ollama), in OpenAI's shapes or its
+ * wire API's (srv_wire); /tokenize and /detokenize answer at once.
  * A connection waiting for its job polls its socket together with the job's eventfd, so a client that resets
  * is noticed at once; one that only closed its sending side (legal: it may be waiting for the answer) is
  * probed with a write, and only a reset or a failed write cancels. */
@@ -75,12 +76,22 @@ typedef struct stream_ctx {
     double last_write;
 } stream_ctx;
 
-static ssize_t stream_comment(stream_ctx *st, char *buf, size_t max) {
-    static const char ka[] = ": keep-alive\n\n";
-    size_t n = DF_MIN(max, sizeof ka - 1);
-    memcpy(buf, ka, n);
+/* What a stream sends while nothing else is, queued behind what the worker wrote (so that a keepalive
+ * longer than MHD's buffer is still sent whole): the wire's own keepalive event or line when it has one, else
+ * (SSE) a comment telling where the request is: queued, or how much of its prompt is in. */
+static void stream_keepalive(stream_ctx *st) {
+    srv_job *j = st->j;
+    pthread_mutex_lock(&st->s->mu);
+    size_t had = j->sse.len;
+    if (j->wire && j->wire->keepalive) j->wire->keepalive(st->s, j, &j->sse);
+    if (j->sse.len == had) {
+        long long at = atomic_load(&j->prefilled);
+        if (at < 0) text_buf_puts(&j->sse, ": keep-alive queued\n\n");
+        else if (at < (long long)j->prompt.n) text_buf_printf(&j->sse, ": keep-alive prefill %lld/%zu\n\n", at, j->prompt.n);
+        else text_buf_puts(&j->sse, ": keep-alive\n\n");
+    }
+    pthread_mutex_unlock(&st->s->mu);
     st->last_write = df_now();
-    return (ssize_t)n;
 }
 
 static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
@@ -98,14 +109,27 @@ static ssize_t stream_read(void *cls, uint64_t pos, char *buf, size_t max) {
             return (ssize_t)n;
         }
         int over = j->done || s->stopping;
+        if (over && j->wire && !j->wire_ended) {   /* its stream ends with its own last event, whatever ended the job */
+            srv_err e = j->err;
+            if (!e.status)
+                srv_err_set(&e, s->stopping ? 503 : 500, "server_error", s->stopping ? "shutting_down" : "cancelled",
+                            NULL, s->stopping ? "The server is shutting down." : "The generation was cancelled.");
+            j->wire->fail(s, j, &e, &j->sse);
+            j->wire_ended = 1;
+            over = 0;
+        }
         pthread_mutex_unlock(&s->mu);
         if (over) return MHD_CONTENT_READER_END_OF_STREAM;
         if (st->cl.probe_pending) {
             st->cl.probe_pending = 0;
-            return stream_comment(st, buf, max);
+            stream_keepalive(st);
+            continue;
         }
         double left = s->o.keepalive_s - (df_now() - st->last_write);
-        if (left <= 0) return stream_comment(st, buf, max);
+        if (left <= 0) {
+            stream_keepalive(st);
+            continue;
+        }
         if (wait_news(j, &st->cl, (int)(left * 1000) + 1)) {
             job_cancel(s, j);
             return MHD_CONTENT_READER_END_WITH_ERROR;
@@ -138,7 +162,7 @@ static enum MHD_Result send_stream(srv *s, struct MHD_Connection *c, conn_ctx *c
     pthread_mutex_unlock(&s->mu);
     struct MHD_Response *rsp = MHD_create_response_from_callback(MHD_SIZE_UNKNOWN, 16 * 1024, stream_read, st,
                                                                  stream_free);
-    MHD_add_response_header(rsp, "Content-Type", "text/event-stream");
+    MHD_add_response_header(rsp, "Content-Type", j->wire ? j->wire->stream_type : "text/event-stream");
     MHD_add_response_header(rsp, "Cache-Control", "no-cache");
     MHD_add_response_header(rsp, "X-Accel-Buffering", "no");
     return http_queue_response(s, c, cc, 200, rsp);   /* stream_free runs when MHD is done with it */
@@ -146,8 +170,58 @@ static enum MHD_Result send_stream(srv *s, struct MHD_Connection *c, conn_ctx *c
 
 /* ---- generation requests ---- */
 
+/* A chat request's messages rendered into j->prompt with the model's chat format (and where the prompt cache
+ * should keep its prefix). */
+static int render_chat(srv *s, srv_job *j, srv_err *err) {
+    df_error de = {0};
+    srv_request *r = &j->req;
+    if (!s->has_chat) {
+        srv_err_set(err, 400, "invalid_request_error", "no_chat_format", "messages",
+                    "This model's tokenizer has no chat format; use /v1/completions.");
+        return -1;
+    }
+    chat_message *m = xcalloc((size_t)r->n_msgs, sizeof *m);
+    for (int i = 0; i < r->n_msgs; i++)   /* a developer message is the system prompt the templates know */
+        m[i] = (chat_message){strcmp(r->msgs[i].role, "developer") ? r->msgs[i].role : "system",
+                              r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
+    chat_opts co;
+    chat_opts_default(&co);
+    if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
+    else if (r->reasoning_effort) co.effort = r->reasoning_effort;
+    if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
+    if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
+    void *keep;
+    tools_chat_opts(r, &co, &keep);
+    int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
+    /* the prompt cache keeps the conversation before the last user message: what the next turn, or
+     * another chat with the same system prompt, starts with */
+    int last_user = -1;
+    for (int i = 0; i < r->n_msgs; i++)
+        if (!strcmp(r->msgs[i].role, "user")) last_user = i;
+    if (!rc && s->pcache && last_user > 0) {
+        tok_ids head = {0};
+        df_error he = {0};
+        if (!chat_render(s->tok, s->fmt, m, last_user, &co, &head, &he)) {
+            size_t k = 0;
+            while (k < head.n && k < j->prompt.n && head.v[k] == j->prompt.v[k]) k++;
+            j->cache_at = (int64_t)k;
+        }
+        tok_ids_free(&head);
+    }
+    tools_chat_free(keep);
+    free(m);
+    if (rc) {
+        srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
+        return -1;
+    }
+    j->chat = 1;
+    j->in_reasoning = co.thinking;
+    return 0;
+}
+
 /* Tokenises the request into j->prompt and resolves max_tokens; fills err on a bad request. */
 static int build_prompt(srv *s, srv_job *j, srv_err *err) {
+    if (j->count_only && j->req.ep == SRV_EP_CHAT) return render_chat(s, j, err);
     df_error de = {0};
     srv_request *r = &j->req;
     const char *what = r->ep == SRV_EP_CHAT ? "messages" : "prompt";
@@ -163,46 +237,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
         return -1;
     }
     if (r->ep == SRV_EP_CHAT) {
-        if (!s->has_chat) {
-            srv_err_set(err, 400, "invalid_request_error", "no_chat_format", "messages",
-                        "This model's tokenizer has no chat format; use /v1/completions.");
-            return -1;
-        }
-        chat_message *m = xcalloc((size_t)r->n_msgs, sizeof *m);
-        for (int i = 0; i < r->n_msgs; i++)
-            m[i] = (chat_message){r->msgs[i].role, r->msgs[i].content, r->msgs[i].reasoning ? r->msgs[i].reasoning : ""};
-        chat_opts co;
-        chat_opts_default(&co);
-        if (r->reasoning_effort && !strcmp(r->reasoning_effort, "none")) co.thinking = 0;
-        else if (r->reasoning_effort) co.effort = r->reasoning_effort;
-        if (s->fmt == CHAT_K2 && tokenizer_special_id(s->tok, "<think>") < 0) co.thinking = 0;
-        if (tools_constrained(r)) co.thinking = 0;   /* the constraint starts at the answer's first token */
-        void *keep;
-        tools_chat_opts(r, &co, &keep);
-        int rc = chat_render(s->tok, s->fmt, m, r->n_msgs, &co, &j->prompt, &de);
-        /* the prompt cache keeps the conversation before the last user message: what the next turn, or
-         * another chat with the same system prompt, starts with */
-        int last_user = -1;
-        for (int i = 0; i < r->n_msgs; i++)
-            if (!strcmp(r->msgs[i].role, "user")) last_user = i;
-        if (!rc && s->pcache && last_user > 0) {
-            tok_ids head = {0};
-            df_error he = {0};
-            if (!chat_render(s->tok, s->fmt, m, last_user, &co, &head, &he)) {
-                size_t k = 0;
-                while (k < head.n && k < j->prompt.n && head.v[k] == j->prompt.v[k]) k++;
-                j->cache_at = (int64_t)k;
-            }
-            tok_ids_free(&head);
-        }
-        tools_chat_free(keep);
-        free(m);
-        if (rc) {
-            srv_err_set(err, 400, "invalid_request_error", "invalid_value", "messages", "%s", de.msg);
-            return -1;
-        }
-        j->chat = 1;
-        j->in_reasoning = co.thinking;
+        if (render_chat(s, j, err)) return -1;
     } else if (r->prompt) {
         if (tokenizer_encode(s->tok, r->prompt, r->prompt_len, 0, &j->prompt, &de)) {
             srv_err_set(err, 400, "invalid_request_error", "invalid_value", "prompt", "%s", de.msg);
@@ -265,7 +300,7 @@ static int build_prompt(srv *s, srv_job *j, srv_err *err) {
     return tools_prepare(s, j, err);
 }
 
-static int parse_enter(srv *s) {
+int http_parse_enter(srv *s) {
     pthread_mutex_lock(&s->mu);
     while (s->n_parsing >= PARSE_SLOTS && !s->stopping) pthread_cond_wait(&s->cv_parse, &s->mu);
     int ok = !s->stopping;
@@ -274,46 +309,76 @@ static int parse_enter(srv *s) {
     return ok;
 }
 
-static void parse_leave(srv *s) {
+void http_parse_leave(srv *s) {
     pthread_mutex_lock(&s->mu);
     s->n_parsing--;
     pthread_cond_signal(&s->cv_parse);
     pthread_mutex_unlock(&s->mu);
 }
 
+enum MHD_Result http_send_wire_error(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_wire *wire,
+                                     const srv_err *e) {
+    if (!wire) return http_send_error(s, c, cc, e, NULL);
+    text_buf b = {0};
+    wire->error(e, &b);
+    enum MHD_Result r = http_send_text(s, c, cc, e->status, "application/json", b.p, b.len, NULL);
+    text_buf_free(&b);
+    return r;
+}
+
+static int parse_openai(srv *s, conn_ctx *cc, void *arg, srv_job *j, const srv_limits *lim, srv_err *err) {
+    (void)s;
+    (void)arg;
+    srv_endpoint ep = cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
+    return srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, lim, &j->req, err);
+}
+
 enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
+    return http_generate(s, c, cc, NULL, parse_openai, NULL, 0);
+}
+
+enum MHD_Result http_generate(srv *s, struct MHD_Connection *c, conn_ctx *cc, const srv_wire *wire,
+                              http_parse_fn parse, void *arg, int count_only) {
     srv_err err = {0};
     srv_job *j = job_new(s);
+    j->wire = wire;
+    j->count_only = count_only;
     const char *names[SRV_MAX_NAMES + 1];
     int n_names = 0;
     names[n_names++] = s->model_id;
     for (int i = 0; i < s->o.n_aliases; i++) names[n_names++] = s->o.aliases[i];
     srv_limits lim = {names, n_names, s->info->vocab_size, s->o.strict, DF_MIN(SRV_MAX_CHOICES, s->n_slots)};
-    srv_endpoint ep = cc->r == R_CHAT ? SRV_EP_CHAT : SRV_EP_COMPLETIONS;
-    if (!parse_enter(s)) {
+    if (!http_parse_enter(s)) {
         srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return http_send_wire_error(s, c, cc, wire, &err);
     }
-    int bad = srv_request_parse(cc->body.p ? cc->body.p : "", cc->body.len, ep, &lim, &j->req, &err) ||
-              build_prompt(s, j, &err);
-    parse_leave(s);
+    int bad = parse(s, cc, arg, j, &lim, &err) || build_prompt(s, j, &err);
+    http_parse_leave(s);
     if (!bad && j->req.ignored) {
         cc->ignored = xstrdup(j->req.ignored);
     }
     if (bad) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return http_send_wire_error(s, c, cc, wire, &err);
     }
     j->model_name = srv_model_id(s);
     for (int i = 0; j->req.model && i < n_names; i++)
         if (!strcmp(j->req.model, names[i])) j->model_name = names[i];
     j->n_prompt = (int)j->prompt.n;
     cc->n_prompt = j->n_prompt;
-    if (j->req.stream && ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
+    if (count_only) {
+        char *body = wire->count_json(s, j);
+        enum MHD_Result ret = http_send_json(s, c, cc, 200, body);
+        free(body);
+        job_release(s, j);
+        return ret;
+    }
+    if (j->req.stream && wire) wire->start(s, j, &j->sse);
+    else if (j->req.stream && j->req.ep == SRV_EP_CHAT) respond_sse_role_chunk(s, j, &j->sse);
     if (job_enqueue(s, j, &err)) {
         job_release(s, j);
-        return http_send_error(s, c, cc, &err, NULL);
+        return http_send_wire_error(s, c, cc, wire, &err);
     }
     if (j->req.stream) return send_stream(s, c, cc, j);   /* the stream now owns our reference */
     client cl;
@@ -339,9 +404,9 @@ enum MHD_Result http_handle_generate(srv *s, struct MHD_Connection *c, conn_ctx 
     enum MHD_Result ret;
     if (failed) {
         if (!j->err.status) srv_err_set(&j->err, 500, "server_error", "cancelled", NULL, "The generation was cancelled.");
-        ret = http_send_error(s, c, cc, &j->err, NULL);
+        ret = http_send_wire_error(s, c, cc, wire, &j->err);
     } else {
-        char *body = respond_final_json(s, j);
+        char *body = wire ? wire->final_json(s, j) : respond_final_json(s, j);
         ret = http_send_json(s, c, cc, 200, body);
         free(body);
     }
@@ -447,7 +512,7 @@ static enum MHD_Result send_tokens(srv *s, struct MHD_Connection *c, conn_ctx *c
 
 enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *cc) {
     srv_err err = {0};
-    if (!parse_enter(s)) {
+    if (!http_parse_enter(s)) {
         srv_err_set(&err, 503, "server_error", "shutting_down", NULL, "The server is shutting down.");
         return http_send_error(s, c, cc, &err, NULL);
     }
@@ -472,7 +537,7 @@ enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *c
         }
         if (!err.status) {   /* what the ids were made from is no longer needed */
             json_decref(root);
-            parse_leave(s);
+            http_parse_leave(s);
             text_buf_free(&cc->body);
             enum MHD_Result r = send_tokens(s, c, cc, &ids, pieces);
             tok_ids_free(&ids);
@@ -505,7 +570,7 @@ enum MHD_Result http_handle_tokens(srv *s, struct MHD_Connection *c, conn_ctx *c
         }
     }
     json_decref(root);
-    parse_leave(s);
+    http_parse_leave(s);
     if (!out) {
         if (!err.status)
             srv_err_set(&err, 400, "invalid_request_error", "invalid_json", NULL, "The body is not valid JSON.");

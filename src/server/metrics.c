@@ -60,6 +60,12 @@ void metrics_text(srv *s, text_buf *o) {
            (double)m->prompt_cache_saved);
     metric(o, "deltafin_connections_timed_out_total", "counter",
            "Connections closed because a request did not arrive within the read timeout.", (double)m->connections_timed_out);
+    metric(o, "deltafin_connections_evicted_total", "counter",
+           "Connections still waiting for their request, closed to make room for a new one over a connection limit.",
+           (double)m->connections_evicted);
+    metric(o, "deltafin_connections_refused_total", "counter",
+           "New connections closed at once: over a connection limit while every other was being answered.",
+           (double)m->connections_refused);
     metric(o, "deltafin_requests_waited_for_memory_total", "counter",
            "Requests held back while a slot was free because --slot-mem was full.", (double)m->requests_waited_for_memory);
     metric(o, "deltafin_expert_cache_hits_total", "counter", "Expert cache hits.", (double)m->engine.expert_hits);

@@ -171,7 +171,8 @@ static int parse_messages(pctx *c, json_t *v) {
         json_t *val;
         json_object_foreach(m, key, val) {
             if (strcmp(key, "role") && strcmp(key, "content") && strcmp(key, "name") &&
-                strcmp(key, "reasoning_content") && strcmp(key, "tool_calls") && strcmp(key, "tool_call_id")) {
+                strcmp(key, "reasoning_content") && strcmp(key, "reasoning") && strcmp(key, "tool_calls") &&
+                strcmp(key, "tool_call_id")) {
                 char kn[200];
                 snprintf(kn, sizeof kn, "%s.%.64s", name, key);
                 if (json_is_null(val)) continue;
@@ -197,8 +198,13 @@ static int parse_messages(pctx *c, json_t *v) {
         json_t *name_v = json_object_get(m, "name");
         snprintf(name, sizeof name, "messages[%zu].name", i);
         if (name_v && !json_is_string(name_v) && !json_is_null(name_v)) return bad_type(c, name, "a string");
+        /* the reasoning under either name clients send it (reasoning_content wins when both are there) */
         json_t *rc = json_object_get(m, "reasoning_content");
         snprintf(name, sizeof name, "messages[%zu].reasoning_content", i);
+        if (!rc || json_is_null(rc)) {
+            rc = json_object_get(m, "reasoning");
+            snprintf(name, sizeof name, "messages[%zu].reasoning", i);
+        }
         if (rc && !json_is_null(rc)) {
             if (!json_is_string(rc)) return bad_type(c, name, "a string");
             if (strcmp(rs, "assistant")) return bad(c, name, "Only assistant messages carry reasoning_content.%s", "");

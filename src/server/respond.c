@@ -121,8 +121,11 @@ void respond_sse_event(const srv *s, srv_job *j, int c, const gen_event *ev, tex
         json_t *lp = json_null();
         if (j->req.ep == SRV_EP_CHAT) {
             json_t *delta = json_object();
-            if (ev->reasoning_len)
-                json_object_set_new(delta, "reasoning_content", json_stringn(ev->reasoning, ev->reasoning_len));
+            if (ev->reasoning_len) {   /* under both names clients read: llama-server's and vLLM's/ollama's */
+                json_t *r = respond_lossy_string((const uint8_t *)ev->reasoning, ev->reasoning_len);
+                json_object_set(delta, "reasoning_content", r);
+                json_object_set_new(delta, "reasoning", r);
+            }
             if (ev->content_len || !ev->reasoning_len)
                 json_object_set_new(delta, "content", json_stringn(ev->content, ev->content_len));
             json_object_set_new(choice, "delta", delta);
@@ -204,8 +207,11 @@ static json_t *final_choice(const srv_job *j, int c) {
     const char *content = ch->content.p ? ch->content.p : "";
     if (j->req.ep == SRV_EP_CHAT) {
         json_t *msg = json_pack("{s:s,s:s%}", "role", "assistant", "content", content, ch->content.len);
-        if (ch->reasoning.len)
-            json_object_set_new(msg, "reasoning_content", json_stringn(ch->reasoning.p, ch->reasoning.len));
+        if (ch->reasoning.len) {
+            json_t *r = respond_lossy_string((const uint8_t *)ch->reasoning.p, ch->reasoning.len);
+            json_object_set(msg, "reasoning_content", r);
+            json_object_set_new(msg, "reasoning", r);
+        }
         tools_final_message(j, msg);
         json_object_set_new(choice, "message", msg);
     } else {

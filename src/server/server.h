@@ -39,6 +39,9 @@ typedef struct srv_opts {
     int prompt_cache_min;     /* prompts shorter than this are not cached (default 64 tokens) */
     const df_engine_opts *engine;   /* storage options etc. (model_dir, n_threads above win); NULL = defaults */
     const struct spec_opts *spec;   /* speculative decoding (sample/spec.h); NULL = off */
+    /* The wire APIs answered beside OpenAI's (api/api.h: api_routes()); NULL = OpenAI's alone. The caller hands
+     * them in, so that the server knows their routes only as ids and reaches them through this table. */
+    const struct http_api *api;
 } srv_opts;
 
 void srv_opts_default(srv_opts *o);

@@ -23,6 +23,7 @@ typedef struct srv_metrics {
     uint64_t status_count[SRV_N_STATUS];
     uint64_t prompt_tokens, prompt_tokens_reused, generated_tokens, requests_cancelled;
     uint64_t connections_timed_out, requests_waited_for_memory;
+    uint64_t connections_evicted, connections_refused;   /* over a connection limit (http.c) */
     uint64_t prompt_cache_restored, prompt_cache_saved;
     double prefill_s, decode_s, last_s_per_token, last_ttft_s;
     uint64_t decode_passes, drafted, accepted;   /* summed over the answers: verifier passes, drafts */
@@ -44,6 +45,8 @@ typedef struct srv_choice {
     int n_gen;
     gen_finish finish;
 } srv_choice;
+
+struct srv_wire;
 
 typedef struct srv_job {
     struct srv_job *next;        /* queue link (srv.mu) */
@@ -73,7 +76,40 @@ typedef struct srv_job {
     char id[48];
     long long created;
     void *tools;                 /* tools.c: constraint, tool-call parser, streaming progress */
+    const struct srv_wire *wire; /* the answer's shape when not OpenAI's (NULL: OpenAI) */
+    void *wire_ctx;              /* the wire's per-request state (srv.mu once queued; wire->free_ctx frees it) */
+    int wire_ended;              /* srv.mu: the wire's end or fail was written */
+    int count_only;              /* answer the prompt's token count (wire->count_json), generate nothing */
+    atomic_llong prefilled;      /* prompt tokens in the slot's state so far; -1 while queued */
+    double t_done;               /* srv.mu: when the last answer ended */
 } srv_job;
+
+/* An answer shape other than OpenAI's chat/completions (api_ollama.c, api_llama.c, api_messages.c,
+ * api_responses.c): the worker and the stream call these instead of respond.c's. The job's hooks run with
+ * srv.mu held (the worker and the stream's keepalives both write to the stream and its state) and append
+ * whole lines/events to out. A stream gets start, events, then exactly one of end or fail (j->wire_ended). */
+typedef struct srv_wire {
+    const char *stream_type;     /* Content-Type of a streamed answer: text/event-stream or application/x-ndjson */
+    /* before the job is queued: what a stream starts with at once */
+    void (*start)(const struct srv *s, srv_job *j, text_buf *out);
+    /* worker: one generated token's output (choice 0; these wires take n = 1); out is NULL when the answer is
+     * not streamed, and the hook only keeps what the final answer needs */
+    void (*event)(const struct srv *s, srv_job *j, const gen_event *ev, text_buf *out);
+    /* streaming: the end of a successful answer */
+    void (*end)(const struct srv *s, srv_job *j, text_buf *out);
+    /* streaming: the stream must end now (failure, cancellation, shutdown) with this error */
+    void (*fail)(const struct srv *s, srv_job *j, const srv_err *e, text_buf *out);
+    /* streaming, while nothing else is sent: the protocol's own keepalive; when NULL or it writes nothing, an
+     * SSE stream gets the comment telling where the request is (queued, prefill N/M) */
+    void (*keepalive)(const struct srv *s, srv_job *j, text_buf *out);
+    /* an error answered as a whole body */
+    void (*error)(const srv_err *e, text_buf *out);
+    /* not streaming: the whole answer (malloc'd) */
+    char *(*final_json)(const struct srv *s, srv_job *j);
+    /* a token-count request (j->count_only): the answer once the prompt is tokenised; NULL: none */
+    char *(*count_json)(const struct srv *s, srv_job *j);
+    void (*free_ctx)(void *ctx);
+} srv_wire;
 
 /* ---- conversation slots (worker-only) ---- */
 typedef enum { SLOT_IDLE = 0, SLOT_SYNC, SLOT_PREFILL, SLOT_WAIT_COPY, SLOT_DECODE } slot_phase;

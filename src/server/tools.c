@@ -19,6 +19,7 @@ typedef struct tools_job {
     int has_mask;
     int32_t ban[2];            /* tool_choice none: the ids that open a call */
     int n_ban;
+    int32_t one_call;          /* parallel_tool_calls false (K2): the id that opens a second call, or -1 */
     chat_tool_parser *parser;
     int *sent_head;            /* streaming: call i's id and name were sent */
     size_t *sent_args;         /* streaming: bytes of call i's arguments sent */
@@ -156,7 +157,12 @@ int tools_prepare(srv *s, srv_job *j, srv_err *err) {
     if (r->ep != SRV_EP_CHAT) return 0;
     tools_job *t = xcalloc(1, sizeof *t);
     j->tools = t;
+    t->one_call = -1;
     if (r->n_tools) t->parser = chat_tool_parser_new(s->tok, s->fmt);
+    /* parallel_tool_calls false: once a call is over the section must close (K2); any later call is left out
+     * of the answer either way (tools_n_calls) */
+    if (r->n_tools && r->parallel_tool_calls < 0 && s->fmt == CHAT_K2)
+        t->one_call = tokenizer_special_id(s->tok, "<|tool_call_begin|>");
     if (r->n_tools && r->tool_choice == SRV_TOOLS_NONE && s->fmt == CHAT_K2) {
         int32_t a = tokenizer_special_id(s->tok, "<|tool_calls_section_begin|>"),
                 b = tokenizer_special_id(s->tok, "<|tool_call_begin|>");
@@ -187,6 +193,11 @@ static int tools_mask(void *ctx, float *logits, int n_vocab, int budget) {
     int n = t->has_mask ? grammar_mask_apply(&t->mask, logits, n_vocab, budget) : n_vocab;
     for (int i = 0; i < t->n_ban; i++)
         if (t->ban[i] < n_vocab) logits[t->ban[i]] = -INFINITY;
+    if (t->one_call >= 0 && t->one_call < n_vocab && chat_tool_parser_count(t->parser) &&
+        chat_tool_parser_call(t->parser, 0)->done && logits[t->one_call] != -INFINITY) {
+        logits[t->one_call] = -INFINITY;
+        n--;
+    }
     return n;
 }
 
@@ -203,7 +214,7 @@ void tools_gen_config(srv *s, srv_job *j, gen_config *cfg) {
         grammar_mask_init(&t->mask, t->g, s->gvocab, s->info->eos_id);
         t->has_mask = 1;
     }
-    if (t->g || t->n_ban) {
+    if (t->g || t->n_ban || t->one_call >= 0) {
         cfg->mask = tools_mask;
         cfg->mask_accept = tools_mask_accept;
         cfg->mask_ctx = t;
@@ -236,10 +247,22 @@ static size_t utf8_prefix(const char *p, size_t n) {
     return i;
 }
 
+int tools_n_calls(const srv_job *j) {
+    const tools_job *t = j->tools;
+    if (!t || !t->parser) return 0;
+    int n = chat_tool_parser_count(t->parser);
+    return j->req.parallel_tool_calls < 0 ? DF_MIN(n, 1) : n;
+}
+
+const chat_call *tools_call(const srv_job *j, int i) {
+    const tools_job *t = j->tools;
+    return t && t->parser && i >= 0 && i < tools_n_calls(j) ? chat_tool_parser_call(t->parser, i) : NULL;
+}
+
 void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
     tools_job *t = j->tools;
     if (!t || !t->parser) return;
-    int n = chat_tool_parser_count(t->parser);
+    int n = tools_n_calls(j);
     if (n > t->n_sent) {
         t->sent_head = xrealloc(t->sent_head, (size_t)n * sizeof *t->sent_head);
         t->sent_args = xrealloc(t->sent_args, (size_t)n * sizeof *t->sent_args);
@@ -271,7 +294,7 @@ void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out) {
     }
     if (json_array_size(deltas)) {
         json_t *o = json_pack("{s:s,s:s,s:I,s:s}", "id", j->id, "object", "chat.completion.chunk", "created",
-                              (json_int_t)j->created, "model", s->model_id);
+                              (json_int_t)j->created, "model", j->model_name ? j->model_name : srv_model_id(s));
         json_object_set_new(o, "choices", json_pack("[{s:i,s:{s:o},s:n,s:n}]", "index", 0, "delta", "tool_calls",
                                                      deltas, "logprobs", "finish_reason"));
         char *txt = json_dumps(o, JSON_COMPACT);
@@ -294,12 +317,12 @@ static int call_parsed(const chat_call *c) {
     return ok;
 }
 
-/* calls that parsed, and whether every call begun did */
-static int calls_parsed(const tools_job *t, int *all) {
+/* calls that parsed among those the answer reports (tools_n_calls), and whether every one begun did */
+static int calls_parsed(const srv_job *j, int *all) {
     int n = 0;
     *all = 1;
-    for (int i = 0; i < chat_tool_parser_count(t->parser); i++) {
-        int ok = call_parsed(chat_tool_parser_call(t->parser, i));
+    for (int i = 0; i < tools_n_calls(j); i++) {
+        int ok = call_parsed(tools_call(j, i));
         n += ok;
         *all &= ok;
     }
@@ -309,16 +332,16 @@ static int calls_parsed(const tools_job *t, int *all) {
 const char *tools_finish_reason(const srv_job *j, const char *dflt) {
     const tools_job *t = j->tools;
     int all;
-    if (!t || !t->parser || strcmp(dflt, "stop") || !calls_parsed(t, &all) || !all) return dflt;
+    if (!t || !t->parser || strcmp(dflt, "stop") || !calls_parsed(j, &all) || !all) return dflt;
     return "tool_calls";
 }
 
 void tools_final_message(const srv_job *j, json_t *msg) {
     const tools_job *t = j->tools;
     int all;
-    if (!t || !t->parser || !calls_parsed(t, &all)) return;
+    if (!t || !t->parser || !calls_parsed(j, &all)) return;
     json_t *calls = json_array();
-    for (int i = 0; i < chat_tool_parser_count(t->parser); i++) {
+    for (int i = 0; i < tools_n_calls(j); i++) {
         const chat_call *c = chat_tool_parser_call(t->parser, i);
         if (!call_parsed(c)) continue;
         json_array_append_new(calls, json_pack("{s:s,s:s,s:{s:o,s:o}}", "id", c->id, "type", "function", "function",

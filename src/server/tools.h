@@ -40,5 +40,9 @@ void tools_sse_deltas(const srv *s, srv_job *j, int final, text_buf *out);
 const char *tools_finish_reason(const srv_job *j, const char *dflt);
 /* Adds message.tool_calls, the calls that parsed (content becomes null when empty); nothing when none did. */
 void tools_final_message(const srv_job *j, json_t *msg);
+/* The answer's tool calls so far, for other wire formats: how many (at most one when parallel_tool_calls is
+ * false), and call i (its id is NULL until its header is complete; done once its end was seen). */
+int tools_n_calls(const srv_job *j);
+const struct chat_call *tools_call(const srv_job *j, int i);
 
 #endif

@@ -20,6 +20,7 @@ srv_job *job_new(srv *s) {
     srv_job *j = xcalloc(1, sizeof *j);
     j->refs = 1;
     atomic_init(&j->cancel, 0);
+    atomic_init(&j->prefilled, -1);
     j->wake_fd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
     DF_ASSERT(j->wake_fd >= 0);
     pthread_mutex_lock(&s->mu);
@@ -32,6 +33,7 @@ srv_job *job_new(srv *s) {
 }
 
 static void job_free(srv_job *j) {
+    if (j->wire && j->wire->free_ctx) j->wire->free_ctx(j->wire_ctx);
     tools_job_free(j);
     srv_request_free(&j->req);
     tok_ids_free(&j->prompt);
@@ -276,7 +278,13 @@ static int on_event(void *ctx, const gen_event *ev) {
     int c = w->sl->choice;
     j->choices[c].n_gen++;
     if (ev->final) j->choices[c].finish = ev->finish;
-    if (j->req.stream) {
+    if (j->wire) {   /* n is 1: the job keeps the text, the wire writes its own events */
+        respond_accumulate(w->s, j, c, ev);
+        pthread_mutex_lock(&w->s->mu);
+        j->wire->event(w->s, j, ev, j->req.stream && !j->wire_ended ? &j->sse : NULL);
+        pthread_mutex_unlock(&w->s->mu);
+        if (j->req.stream) job_wake(j);
+    } else if (j->req.stream) {
         text_buf chunk = {0};
         tools_sse_deltas(w->s, j, ev->final, &chunk);   /* tools and n > 1 do not go together */
         respond_sse_event(w->s, j, c, ev, &chunk);
@@ -332,7 +340,10 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
             j->failed = 1;
             srv_err_set(&j->err, 500, "server_error", "generation_failed", NULL, "Generation failed: %s",
                         err ? err->msg : "unknown error");
-            if (j->req.stream) {
+            if (j->req.stream && j->wire) {
+                if (!j->wire_ended) j->wire->fail(s, j, &j->err, &j->sse);
+                j->wire_ended = 1;
+            } else if (j->req.stream) {
                 text_buf b = {0};
                 srv_err_json(&j->err, &b);
                 text_buf_printf(&j->sse, "data: %s\n\ndata: [DONE]\n\n", b.p);
@@ -341,7 +352,11 @@ static void slot_release(srv *s, srv_slot *sl, int rc, const df_error *err) {
         }
     }
     if (--j->n_open == 0) {
-        if (j->req.stream && !j->failed) {
+        j->t_done = now;
+        if (j->req.stream && !j->failed && j->wire) {
+            if (!j->wire_ended) j->wire->end(s, j, &j->sse);
+            j->wire_ended = 1;
+        } else if (j->req.stream && !j->failed) {
             text_buf end = {0};
             respond_sse_end(s, j, &end);
             text_buf_append(&j->sse, end.p, end.len);
@@ -448,13 +463,17 @@ static void slot_sync(srv *s, srv_slot *sl) {
     }
     j->n_reused = (int)p;
     sl->at = p;
+    atomic_store(&j->prefilled, (long long)p);
     sl->save_at = s->pcache && pcache_active(s->pcache) && j->cache_at > p ? j->cache_at : 0;
     sl->phase = SLOT_PREFILL;
 }
 
+/* A pass of one slot, after each layer: a prompt slice's progress for the stream's keepalives, and a cancel. */
 static int worker_step_cb(void *ctx, int layer, int n_layers) {
-    srv_job *j = ctx;
-    return atomic_load(&j->cancel);
+    srv_slot *sl = ctx;
+    if (sl->phase == SLOT_PREFILL && n_layers > 0)
+        atomic_store(&sl->job->prefilled, (long long)(sl->at + (int64_t)sl->last_rows * layer / n_layers));
+    return atomic_load(&sl->job->cancel);
 }
 
 /* One forward pass over every running slot. */
@@ -521,7 +540,7 @@ static void worker_pass(srv *s) {
         only = next;
     }
     if (!entries) return;
-    if (entries == 1) df_session_set_step_callback(only->sess, worker_step_cb, only->job);
+    if (entries == 1) df_session_set_step_callback(only->sess, worker_step_cb, only);
     double t0 = df_now();
     int rc = df_batch_eval(s->batch, &err);
     if (entries == 1) df_session_set_step_callback(only->sess, NULL, NULL);
@@ -546,6 +565,7 @@ static void worker_pass(srv *s) {
         }
         srv_job *j = sl->job;
         sl->at += sl->last_rows;
+        atomic_store(&j->prefilled, (long long)sl->at);
         pthread_mutex_lock(&s->m.mu);
         s->m.prefill_s += dt * sl->last_rows / rows;
         pthread_mutex_unlock(&s->m.mu);

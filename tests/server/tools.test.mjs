@@ -97,7 +97,7 @@ check(JSON.stringify(acc) === JSON.stringify(plain.choices[0].message.tool_calls
   'streamed tool calls equal the non-streamed ones');
 
 // the openai helper's own accumulation of a streamed call
-const runner = client.beta.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
+const runner = client.chat.completions.stream({ model, messages, tools, tool_choice: 'required', max_tokens: 64,
   temperature: 0 });
 const fc = await runner.finalChatCompletion();
 check(JSON.stringify(fc.choices[0].message.tool_calls?.map((c) => [c.id, c.function.name, c.function.arguments])) ===

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # `deltafin serve` with real clients: the official openai npm package, raw HTTP error cases, headless
-# Chromium on the chat page (tests/server/*.test.mjs, against the ASan build), then a bounded load test and
+# Chromium on the chat page, ollama-js on the ollama API, the AI SDK and LangChain on chat completions
+# (tests/server/*.test.mjs, against the ASan build), then a bounded load test, 120 slow connections, and
 # slots/queue/churn/slow-client tests against the release build, on the bundled model (models/default; a
 # checkout without it fails here rather than testing some other model). Installs tests/server/node_modules
 # with npm when missing.
@@ -19,8 +20,10 @@ if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     echo "not ok - node and npm are needed (scripts/install-deps.sh installs them)"
     exit 1
 fi
-if [ ! -d tests/server/node_modules/openai ] || [ ! -d tests/server/node_modules/playwright-core ] ||
-   [ ! -d tests/server/node_modules/ajv-formats ]; then
+if [ ! -d tests/server/node_modules/openai/resources/responses ] || [ ! -d tests/server/node_modules/playwright-core ] ||
+   [ ! -d tests/server/node_modules/ajv-formats ] || [ ! -d tests/server/node_modules/@anthropic-ai/sdk ] ||
+   [ ! -d tests/server/node_modules/ollama ] || [ ! -d tests/server/node_modules/ai ] ||
+   [ ! -d tests/server/node_modules/@ai-sdk/openai-compatible ] || [ ! -d tests/server/node_modules/@langchain/openai ]; then
     (cd tests/server && npm ci --no-audit --no-fund >"$tmp/npm.log" 2>&1) || {
         tail -n 20 "$tmp/npm.log"
         echo "not ok - npm ci in tests/server"
@@ -79,7 +82,7 @@ else
     echo "ok - --api-key-file and DELTAFIN_API_KEY keep the key out of the process list"
 fi
 export DELTAFIN_KEY=$key DELTAFIN_URL=$asan_url DELTAFIN_URL2=$q1_url
-for t in openai errors web tools json_schema harden_req; do
+for t in openai errors web tools json_schema harden_req ollama clients anthropic responses; do
     SECONDS=0
     SCREENSHOT=$root/build/web-chat.png timeout 300 node "tests/server/$t.test.mjs" ||
         echo "not ok - tests/server/$t.test.mjs exited non-zero"
@@ -88,6 +91,31 @@ done
 stop "$asan_pid" "$tmp/asan.log" "ASan"
 stop "$q1_pid" "$tmp/q1.log" "queue-1"
 
+# reasoning, and the agent CLIs (tests/server/agents.test.mjs): copies of the bundled model (links to its
+# weights) whose tokenizer names two reserved tokens <think> and </think>, and with a 4,096-token context
+agent_model() {   # DIR THINK
+    mkdir -p "$1"
+    ln -s "$root/$model/model.safetensors" "$root/$model/tiktoken.model" "$1/"
+    sed 's/"model_max_length": 512/"model_max_length": 4096/' $model/config.json >"$1/config.json"
+    if [ "$2" = think ]; then
+        sed 's/<|reserved_token_5906|>/<think>/; s/<|reserved_token_5907|>/<\/think>/' $model/tokenizer_config.json
+    else
+        cat $model/tokenizer_config.json
+    fi | sed 's/"model_max_length": 512/"model_max_length": 4096/' >"$1/tokenizer_config.json"
+}
+agent_model "$tmp/think-model" think
+agent_model "$tmp/long-model" plain
+model=$tmp/think-model start ./deltafin "$tmp/think.log" --no-prompt-cache
+think_url=$url think_pid=$pid
+model=$tmp/long-model start ./deltafin "$tmp/long.log" --no-prompt-cache --parallel 1 --threads 2 --max-tokens 64
+long_url=$url long_pid=$pid
+SECONDS=0
+DELTAFIN_URL_THINK=$think_url DELTAFIN_URL_LONG=$long_url timeout 500 node tests/server/agents.test.mjs ||
+    echo "not ok - tests/server/agents.test.mjs exited non-zero"
+echo "# agents.test.mjs took ${SECONDS}s"
+stop "$think_pid" "$tmp/think.log" "thinking-model"
+stop "$long_pid" "$tmp/long.log" "long-context"
+
 start ./deltafin "$tmp/load.log" --prompt-cache "$tmp/kv-load" --allowed-host allowed.example
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/load.test.mjs ||
     echo "not ok - tests/server/load.test.mjs exited non-zero"
@@ -95,6 +123,12 @@ DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_PID=$pid timeout 300 node tests/server/
 DELTAFIN_KEY= DELTAFIN_URL=$url DELTAFIN_URL_NOKEY=$url DELTAFIN_PID=$pid TOKENIZE_MIB=6 timeout 300 \
     node tests/server/harden_req.test.mjs || echo "not ok - tests/server/harden_req.test.mjs (release) exited non-zero"
 stop "$pid" "$tmp/load.log" "release"
+
+# 120 slow connections from one address against the default connection limits and read timeout
+start ./deltafin "$tmp/conns.log" --no-prompt-cache
+DELTAFIN_KEY= DELTAFIN_URL=$url timeout 120 node tests/server/conns.test.mjs ||
+    echo "not ok - tests/server/conns.test.mjs exited non-zero"
+stop "$pid" "$tmp/conns.log" "connections"
 
 # slots, queue, churn and the connection guards (release build: timing-sensitive parts stay quick)
 start ./deltafin "$tmp/slots.log" --api-key "$key" --parallel 2 --queue 2 --read-timeout 2 --max-conns-per-client 8 \
