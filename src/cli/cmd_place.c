@@ -137,7 +137,7 @@ int cmd_place(int argc, char **argv) {
     df_error err = {0};
     for (char *save = NULL, *tok = strtok_r(list, ",", &save); tok && !rc; tok = strtok_r(NULL, ",", &save)) {
         char real[PATH_MAX];
-        if (n == PLACE_MAX_FOLDERS || dc_mkdir_p(tok, &err) || !realpath(tok, real)) {
+        if (n == PLACE_MAX_FOLDERS || df_mkdir_p(tok, &err) || !realpath(tok, real)) {
             fprintf(stderr, "deltafin place: folder %s: %s\n", tok, err.msg[0] ? err.msg : "cannot be used");
             rc = 1;
             break;

@@ -211,3 +211,21 @@ char *df_path_join(const char *dir, const char *name) {
     memcpy(p + o, name, b + 1);
     return p;
 }
+
+int df_mkdir_p(const char *path, df_error *err) {
+    char *p = xstrdup(path);
+    for (char *s = p + 1;; s++) {
+        if (*s != '/' && *s) continue;
+        char c = *s;
+        *s = 0;
+        if (mkdir(p, 0755) && errno != EEXIST) {
+            df_error_set(err, DF_EIO, "%s: cannot create folder: %s", p, strerror(errno));
+            free(p);
+            return DF_EIO;
+        }
+        if (!c) break;
+        *s = c;
+    }
+    free(p);
+    return DF_OK;
+}

@@ -50,4 +50,7 @@ int df_write_all(int fd, const void *p, size_t n);
 /* Joins dir and name into a newly allocated path. */
 char *df_path_join(const char *dir, const char *name);
 
+/* mkdir -p: every missing folder of path, mode 0755; an error names the one that could not be made. */
+int df_mkdir_p(const char *path, df_error *err);
+
 #endif

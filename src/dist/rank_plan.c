@@ -173,7 +173,7 @@ int rank_plan_write(const rank_plan *p, const char *dir, const char *const *fold
     }
     at += (size_t)snprintf(text + at, cap - at, "end\n");
     char *meta = df_path_join(dir, ".deltafin"), *path = df_path_join(dir, RANK_PLAN_FILE);
-    int rc = dc_mkdir_p(meta, err);
+    int rc = df_mkdir_p(meta, err);
     if (!rc) rc = dc_write_atomic(path, 0, text, at, err);
     free(meta);
     free(path);

@@ -79,24 +79,8 @@ int kcache_load(const char *dir, const kcache_key *k, void **img, size_t *len) {
     return 0;
 }
 
-static int mkdir_p(const char *dir) {
-    char *p = xstrdup(dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            if (mkdir(p, 0755) && errno != EEXIST) break;
-            *s = '/';
-        }
-    int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
-    free(p);
-    return rc;
-}
-
 int kcache_store(const char *dir, const kcache_key *k, const void *img, size_t len, df_error *err) {
-    if (mkdir_p(dir)) {
-        df_error_set(err, DF_EIO, "kernel cache %s: cannot create it (%s)", dir, strerror(errno));
-        return DF_EIO;
-    }
+    if (df_mkdir_p(dir, err)) return DF_EIO;
     kcache_header h = {{0}, KCACHE_FORMAT, k->arch, k->nvrtc_major, k->nvrtc_minor, k->driver, 0, k->src_hash,
                        len, df_hash64(img, len, 0)};
     memcpy(h.magic, KCACHE_MAGIC, 8);

@@ -26,23 +26,6 @@
 /* ---------------------------------------------------------------------------------------------------- */
 /* Files */
 
-int dc_mkdir_p(const char *path, df_error *err) {
-    char *p = xstrdup(path);
-    for (char *s = p + 1;; s++) {
-        if (*s != '/' && *s) continue;
-        char c = *s;
-        *s = 0;
-        if (mkdir(p, 0755) && errno != EEXIST) {
-            df_error_set(err, DF_EIO, "%s: cannot create folder: %s", p, strerror(errno));
-            free(p);
-            return DF_EIO;
-        }
-        if (!c) break;
-        *s = c;
-    }
-    free(p);
-    return DF_OK;
-}
 
 static int dc_fsync_dir(const char *path) {
     char *d = xstrdup(path);
@@ -260,7 +243,7 @@ int dc_manifest_save(const char *dir, const dc_manifest *m, df_error *err) {
     char *text = json_dumps(root, JSON_COMPACT);
     json_decref(root);
     char *sd = df_path_join(dir, DC_STATE_DIR);
-    int rc = dc_mkdir_p(sd, err);
+    int rc = df_mkdir_p(sd, err);
     free(sd);
     char *path = df_path_join(dir, DC_MANIFEST);
     if (!rc) rc = dc_write_atomic(path, 0, text, strlen(text), err);
@@ -543,7 +526,7 @@ int dcache_put(dcache *c, const char *shard, dc_span e, const uint8_t *data, con
     char *path = dcache_entry_path(c, shard, e);
     char *folder = xstrdup(path);
     *strrchr(folder, '/') = 0;
-    int rc = dc_mkdir_p(folder, err);
+    int rc = df_mkdir_p(folder, err);
     struct statvfs vs;
     uint64_t need = dc_entry_bytes(e);
     if (!rc && c->cap && need > c->cap)

@@ -61,7 +61,6 @@ int dc_shard_hole(const dc_shard *s, uint64_t off, uint64_t len);
 /* Writes a whole file atomically (temp in the same folder, fsync, rename, folder fsync); pad zero bytes
  * come first. The error names path and says "disk full" for ENOSPC/EFBIG. */
 int dc_write_atomic(const char *path, uint64_t pad, const void *data, size_t len, df_error *err);
-int dc_mkdir_p(const char *path, df_error *err);
 
 typedef struct dcache dcache;
 

@@ -524,7 +524,7 @@ static int install_job_work(install_job *j, df_error *err) {
     remote_opts ro = {.jobs = j->jobs, .stall_s = j->o->stall_s};
     int rc = remote_open(&j->r, base, &ro, err), found;
     free(base);
-    if (!rc && !j->o->dry_run) rc = dc_mkdir_p(j->o->dir, err);
+    if (!rc && !j->o->dry_run) rc = df_mkdir_p(j->o->dir, err);
     if (!rc) rc = dc_manifest_load(j->o->dir, &j->man, &found, err);
     if (!rc && !j->man.source) j->man.source = xstrdup(j->o->from);
     if (!rc) rc = dcache_open(&j->cache, j->o->dir, (uint64_t)(j->o->min_free_gb * 1e9), err);

@@ -136,7 +136,7 @@ int heat_save(heat *h, const char *dir, df_error *err) {
     uint64_t sum = heat_fnv(b, len - 8);
     for (int i = 0; i < 8; i++) b[len - 8 + (size_t)i] = (uint8_t)(sum >> (8 * i));
     char *folder = df_path_join(dir, ".deltafin"), *path = df_path_join(dir, HEAT_FILE);
-    int rc = dc_mkdir_p(folder, err);
+    int rc = df_mkdir_p(folder, err);
     if (!rc) rc = dc_write_atomic(path, 0, b, len, err);
     free(folder);
     free(path);

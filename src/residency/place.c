@@ -214,7 +214,7 @@ static int place_check_folders(int n_folders, const char *const *folders, int n_
     struct stat *dirs = xcalloc((size_t)n_folders + 1, sizeof *dirs);
     int rc = DF_OK;
     for (int f = 0; !rc && f < n_folders; f++) {
-        rc = dc_mkdir_p(folders[f], err);
+        rc = df_mkdir_p(folders[f], err);
         if (!rc && stat(folders[f], &dirs[f]))
             rc = DF_EIO, df_error_set(err, DF_EIO, "expert folder %s: %s", folders[f], strerror(errno));
         for (int g = 0; !rc && g < f; g++)
@@ -253,7 +253,7 @@ int placement_write(const char *dir, int n_folders, const char *const *folders, 
                     int verbose, int64_t *placed, df_error *err) {
     *placed = 0;
     char *meta = df_path_join(dir, ".deltafin"), *path = df_path_join(dir, PLACE_FILE);
-    int rc = dc_mkdir_p(meta, err);
+    int rc = df_mkdir_p(meta, err);
     if (!rc) rc = place_check_folders(n_folders, folders, n_layers, n_experts, src, err);
     placement p;
     place_shape(&p, n_layers, n_experts);
@@ -286,7 +286,7 @@ int placement_write(const char *dir, int n_folders, const char *const *folders, 
     int *fd = xcalloc((size_t)n_folders, sizeof *fd);
     for (int f = 0; f < n_folders; f++) fd[f] = -1;
     for (int f = 0; !rc && f < n_folders; f++) {
-        rc = dc_mkdir_p(folders[f], err);
+        rc = df_mkdir_p(folders[f], err);
         if (rc) break;
         /* the data file itself: never through a symlink, never a FIFO, never one of the shards it copies from */
         fd[f] = open(p.files[f], O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);

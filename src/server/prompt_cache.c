@@ -76,19 +76,6 @@ static uint64_t file_size(const char *path, double *mtime) {
     return (uint64_t)st.st_size;
 }
 
-static int mkdirs(const char *dir) {
-    char *p = xstrdup(dir);
-    for (char *s = p + 1; *s; s++)
-        if (*s == '/') {
-            *s = 0;
-            if (mkdir(p, 0755) && errno != EEXIST) break;
-            *s = '/';
-        }
-    int rc = mkdir(p, 0755) && errno != EEXIST ? -1 : 0;
-    free(p);
-    return rc;
-}
-
 /* Reads NAME.tok: a regular file of at most the size its name allows, then pc_tokens_parse. */
 static int32_t *read_tokens(const char *path, int64_t want_n, uint64_t want_hash, uint64_t key, const char **why) {
     df_error e = {0};
@@ -173,10 +160,7 @@ static void evict(prompt_cache *pc, uint64_t room) {
 int pcache_open(prompt_cache **out, const char *dir, uint64_t key, uint64_t max_bytes, int min_tokens,
                 df_error *err) {
     *out = NULL;
-    if (mkdirs(dir)) {
-        df_error_set(err, DF_EIO, "cannot create the prompt cache folder '%s': %s", dir, strerror(errno));
-        return DF_EIO;
-    }
+    if (df_mkdir_p(dir, err)) return DF_EIO;   /* the message names the folder */
     DIR *d = opendir(dir);
     if (!d) {
         df_error_set(err, DF_EIO, "cannot read the prompt cache folder '%s': %s", dir, strerror(errno));

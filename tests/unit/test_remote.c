@@ -108,7 +108,7 @@ static void test_install(const server *s, const uint8_t *file, size_t n, const c
     snprintf(shard, sizeof shard, "%s/model.safetensors", dir);
     snprintf(cdir, sizeof cdir, "%s/.deltafin/cache/model.safetensors", dir);
     df_error err;
-    dc_mkdir_p(dir, &err);
+    df_mkdir_p(dir, &err);
     dc_span holes[2] = {{447776, 6528}, {454304, 6528}};
     uint8_t *copy = xmalloc(n);
     memcpy(copy, file, n);
