@@ -12,24 +12,7 @@
 #include "common/util.h"
 #include "sample/grammar.h"
 #include "test.h"
-
-static grammar *build(const char *schema, df_error *err) {
-    grammar *g = grammar_new();
-    int id = grammar_add_schema(g, schema, strlen(schema), err);
-    if (id < 0 || grammar_finish(g, id, err)) {
-        grammar_free(g);
-        return NULL;
-    }
-    return g;
-}
-
-/* 1: the whole text is accepted and complete, 0: accepted but incomplete, -1: refused */
-static int run(const grammar *g, const char *text) {
-    grammar_state s;
-    grammar_state_init(g, &s);
-    if (grammar_feed(g, &s, (const uint8_t *)text, strlen(text))) return -1;
-    return grammar_accepting(g, &s);
-}
+#include "grammar_fixture.h"
 
 static void expect_doc(const char *schema, const char *text, int want) {
     df_error err = {0};
