@@ -48,11 +48,17 @@ left() {   # what a run could leave behind
     [ -e "$dir/w" ] && echo "$dir/w"
 }
 
-if netns "$m" 2 1gbit 2 50 -- logits --prompt "$prompt" -o "$dir/two.f32" --cache-slots 3 -t 1 &&
-   cmp -s "$dir/ref.f32" "$dir/two.f32"; then
+two() { netns "$m" 2 1gbit 2 50 -- logits --prompt "$prompt" -o "$dir/two.f32" --cache-slots 3 -t 1; }
+# once in a full suite run the ranks stalled before their first message until the timeout (not reproduced alone):
+# one retry, with the first attempt's end shown
+if ! two; then
+    echo "# mpi-netns: first 2-rank attempt failed, retrying: $(tail -4 "$dir/err" | tr '\n' ' ')"
+    two
+fi
+if [ $? = 0 ] && cmp -s "$dir/ref.f32" "$dir/two.f32"; then
     ok "mpi-netns: 2 ranks in namespaces, cgroups and throttled loop devices give one process's logits"
 else
-    bad "mpi-netns: 2 ranks: $(tail -3 "$dir/err")"
+    bad "mpi-netns: 2 ranks: $(tail -12 "$dir/err")"
 fi
 l1=$(awk '/^mpi-netns: rank 1: link/ { print $7, $16 }' "$dir/err")
 if [ -n "$l1" ] && [ "${l1% *}" -gt 0 ] && [ "${l1#* }" -gt 0 ]; then
