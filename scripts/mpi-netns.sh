@@ -8,32 +8,76 @@
 #   sudo scripts/mpi-netns.sh MODEL_DIR N RATE MEM_GB DISK_MB_S -- bench -n 8 --json ...
 #
 # RATE: tbf rate per link (1gbit, 10gbit). The script places MODEL_DIR's experts for N ranks (deltafin place
-# --ranks N, by its saved heat) on the N loop devices, starts `mpirun -np N` over the namespaces and runs the deltafin command
-# given with `-m MODEL_DIR --expert-dirs` (the mount points) appended. WORK (default /var/tmp/df-netns) holds the
-# images; DELAY_US (default 50) the emulated latency; IMAGE_GB (default: experts' size x 1.2 + 1) each image's size.
+# --ranks N, by its saved heat; for N = 1 a plain placement, put back as it was on exit) on the N loop devices,
+# starts `mpirun -np N` over the namespaces and runs the deltafin command given with `-m MODEL_DIR --expert-dirs`
+# (the mount points) appended. WORK (default /var/tmp/df-netns) holds the images; DELAY_US (default 50) the emulated
+# latency; IMAGE_GB (default: the model folder's size x 1.2 / N + 2) each image's size (sparse); TIMEOUT (default
+# 1800) bounds the mpirun, in seconds. Everything made here (namespaces, veths, bridge, mounts, loop devices, their
+# images, the blkio and memory cgroups) is removed on exit, failure and signals included. One run at a time.
 set -eu
-[ $# -ge 7 ] && [ "$6" = "--" ] || { sed -n '2,14p' "$0" >&2; exit 2; }
+[ $# -ge 7 ] && [ "$6" = "--" ] || { sed -n '2,17p' "$0" >&2; exit 2; }
+[ "$(id -u)" = 0 ] || { echo "$0: needs root (namespaces, loop devices, cgroups)" >&2; exit 2; }
+for t in ip tc losetup mkfs.ext4 mpirun lsblk nsenter timeout flock; do
+    command -v "$t" >/dev/null || { echo "$0: $t not found" >&2; exit 2; }
+done
 model=$(realpath "$1") n=$2 rate=$3 mem=$4 mbps=$5
 shift 6
 here=$(cd "$(dirname "$0")" && pwd)
 bin=$(realpath "${BIN:-$here/../deltafin}")
 work=${WORK:-/var/tmp/df-netns}
 delay=${DELAY_US:-50}
+limit=${TIMEOUT:-1800}
 net=10.77.0
 cgb=/sys/fs/cgroup/blkio
 mkdir -p "$work"
+# the names below (dfbr0, dfrR, dfvR, dfrankR) are machine-wide: one run at a time, and the cleanup is only ours
+exec 9>/run/lock/deltafin-mpi-netns.lock
+flock -n 9 || { echo "$0: another mpi-netns.sh run holds /run/lock/deltafin-mpi-netns.lock" >&2; exit 1; }
 devs=()
+placed=
 cleanup() {
+    # mpirun may return before its ranks are gone (orted daemonizes): wait for this run's blkio cgroups to empty,
+    # then kill what is left in them, so that the mounts, loop devices and cgroups can go
+    for i in $(seq 1 30); do
+        left=$(cat "$cgb"/dfrank*/cgroup.procs 2>/dev/null || true)
+        [ -z "$left" ] && break
+        if [ "$i" -ge 20 ]; then kill -KILL $left 2>/dev/null || true; fi
+        sleep 0.5
+    done
     for r in $(seq 0 $((n - 1))); do
         ip netns del "dfr$r" 2>/dev/null || true
         ip link del "dfv$r" 2>/dev/null || true
         umount "$work/mnt$r" 2>/dev/null || true
+        rmdir "$work/mnt$r" 2>/dev/null || true
         rmdir "$cgb/dfrank$r" 2>/dev/null || true
+        # with-mem-limit.sh names its cgroup after its pid, which rank.sh recorded (a killed rank leaves it)
+        if [ -f "$work/rank$r.pid" ]; then
+            for cg in /sys/fs/cgroup/memory/*/deltafin-mem-"$(cat "$work/rank$r.pid")" \
+                      /sys/fs/cgroup/memory/*/*/deltafin-mem-"$(cat "$work/rank$r.pid")"; do
+                [ -d "$cg" ] && { rmdir "$cg" 2>/dev/null || true; }
+            done
+            rm -f "$work/rank$r.pid"
+        fi
     done
     for d in "${devs[@]}"; do losetup -d "$d" 2>/dev/null || true; done
+    # a loop device left by an earlier run killed with SIGKILL
+    for r in $(seq 0 $((n - 1))); do
+        for d in $(losetup -j "$work/disk$r.img" -O NAME -n 2>/dev/null); do losetup -d "$d" 2>/dev/null || true; done
+    done
+    for r in $(seq 0 $((n - 1))); do rm -f "$work/disk$r.img"; done
     ip link del dfbr0 2>/dev/null || true
+    rm -f "$work/agent.sh" "$work/rank.sh" "$work/hosts"
+    if [ -n "$placed" ]; then
+        if [ -f "$work/placement.saved" ]; then mv -f "$work/placement.saved" "$model/.deltafin/placement"
+        else rm -f "$model/.deltafin/placement"; fi
+        placed=
+    fi
 }
-trap cleanup EXIT
+# a signal stops the job first (timeout passes it to mpirun, which ends its ranks), then cleans up
+job=
+stop() { [ -z "$job" ] || { kill -TERM "$job" 2>/dev/null; wait "$job" 2>/dev/null; job=; }; }
+trap 'cleanup; rmdir "$work" 2>/dev/null || true' EXIT
+trap 'stop; exit 130' INT TERM HUP
 cleanup
 
 # disks: one throttled loop device per rank holding that rank's folder
@@ -51,7 +95,14 @@ for r in $(seq 0 $((n - 1))); do
     echo "$(lsblk -dno MAJ:MIN "$d" | tr -d ' ') $((mbps * 1000000))" >"$cgb/dfrank$r/blkio.throttle.read_bps_device"
     folders="$folders${folders:+,}$work/mnt$r/experts"
 done
-"$bin" place -m "$model" --ranks "$n" --to "$folders" >&2
+if [ "$n" -gt 1 ]; then
+    "$bin" place -m "$model" --ranks "$n" --to "$folders" >&2
+else
+    # one process takes no rank plan: a plain placement in MODEL_DIR, put back as it was on exit
+    [ -f "$model/.deltafin/placement" ] && cp -p "$model/.deltafin/placement" "$work/placement.saved"
+    placed=1
+    "$bin" place -m "$model" --to "$folders" >&2
+fi
 
 # network: a bridge, one namespace per rank, tbf on both ends of each veth
 ip link add dfbr0 type bridge
@@ -71,22 +122,35 @@ for r in $(seq 0 $((n - 1))); do
     echo "$net.$((10 + r)) slots=1" >>"$hosts"
 done
 
-# mpirun reaches a "host" by entering its namespace (the rsh agent), and each rank enters its cgroups
+# mpirun reaches a "host" by entering its namespace (the rsh agent), and each rank enters its cgroups. nsenter
+# rather than `ip netns exec`: the latter mounts a fresh /sys, which hides /sys/fs/cgroup from the rank.
 cat >"$work/agent.sh" <<EOF
 #!/bin/sh
 host=\$1; shift
-exec ip netns exec dfr\$((\${host##*.} - 10)) sh -c "\$*"
+exec nsenter --net=/run/netns/dfr\$((\${host##*.} - 10)) sh -c "\$*"
 EOF
 cat >"$work/rank.sh" <<EOF
 #!/bin/sh
 r=\$OMPI_COMM_WORLD_RANK
+echo \$\$ >$work/rank\$r.pid
 echo \$\$ >$cgb/dfrank\$r/cgroup.procs
 exec $here/with-mem-limit.sh $mem -- "\$@"
 EOF
 chmod +x "$work/agent.sh" "$work/rank.sh"
 sync && echo 3 >/proc/sys/vm/drop_caches
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-mpirun -np "$n" --hostfile "$hosts" --bind-to none --mca plm_rsh_agent "$work/agent.sh" \
+timeout -k 10 "$limit" mpirun -np "$n" --hostfile "$hosts" --bind-to none --mca plm_rsh_agent "$work/agent.sh" \
     --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" \
     --mca oob_tcp_if_include "$net.0/24" -x DELTAFIN_NET_DELAY_US="$delay" \
-    "$work/rank.sh" "$bin" "$@" -m "$model" --expert-dirs "$folders"
+    "$work/rank.sh" "$bin" "$@" -m "$model" --expert-dirs "$folders" 9>&- &
+job=$!   # 9>&-: orted daemonizes, and must not keep the run's lock after it
+wait "$job" || rc=$?
+job=
+# evidence that the emulation carried the run: each link's bytes and each rank's throttled reads
+for r in $(seq 0 $((n - 1))); do
+    read -r tx <"/sys/class/net/dfv$r/statistics/tx_bytes"; read -r rx <"/sys/class/net/dfv$r/statistics/rx_bytes"
+    mm=$(lsblk -dno MAJ:MIN "${devs[$r]}" | tr -d " ")
+    rd=$(awk -v d="$mm" '$1 == d && $2 == "Read" { print $3 }' "$cgb/dfrank$r/blkio.throttle.io_service_bytes")
+    echo "mpi-netns: rank $r: link dfv$r sent $rx B, received $tx B; its disk ${devs[$r]} read $rd B" >&2
+done
+exit "${rc:-0}"
