@@ -74,19 +74,9 @@ void api_add_tool_call(srv_message *m, const char *id, const char *name, const c
     tc->arguments = xstrdup(arguments && *arguments ? arguments : "{}");
 }
 
-static int valid_name(const char *s) {
-    size_t n = strlen(s);
-    if (!n || n > 64) return 0;
-    for (; *s; s++)
-        if (!((*s >= 'a' && *s <= 'z') || (*s >= 'A' && *s <= 'Z') || (*s >= '0' && *s <= '9') || *s == '_' ||
-              *s == '-'))
-            return 0;
-    return 1;
-}
-
 int api_add_tool(api_build *b, const char *param, const char *name, const char *description, json_t *parameters) {
     srv_request *r = b->r;
-    if (!name || !valid_name(name))
+    if (!name || !tools_name_valid(name))
         return api_refuse(b, param, "A tool name must be 1-64 characters of a-z, A-Z, 0-9, _ and -.");
     for (int k = 0; k < r->n_tools; k++)
         if (!strcmp(r->tools[k].name, name)) return api_refuse(b, param, "Tool '%s' is declared twice.", name);

@@ -18,7 +18,7 @@ static int refuse(srv_err *err, const char *param, const char *fmt, const char *
     return -1;
 }
 
-static int valid_name(const char *s) {
+int tools_name_valid(const char *s) {
     size_t n = strlen(s);
     if (!n || n > 64) return 0;
     for (; *s; s++)
@@ -46,7 +46,7 @@ static int parse_tools(srv_request *r, json_t *v, srv_err *err) {
         if (!json_is_object(fn)) return refuse(err, param, "'function' must be an object.%s", "");
         json_t *name = json_object_get(fn, "name"), *params = json_object_get(fn, "parameters");
         snprintf(param, sizeof param, "tools[%zu].function.name", i);
-        if (!json_is_string(name) || !valid_name(json_string_value(name)))
+        if (!json_is_string(name) || !tools_name_valid(json_string_value(name)))
             return refuse(err, param, "A function name must be 1-64 characters of a-z, A-Z, 0-9, _ and -.%s", "");
         for (int k = 0; k < r->n_tools; k++)
             if (!strcmp(r->tools[k].name, json_string_value(name)))
