@@ -12,9 +12,9 @@
 #define SRV_MAX_TOOLS 64
 
 /* ---- request (tools_request.c; pure: no model) ---- */
-/* A top-level chat field: 1 = handled, 0 = not one of ours, -1 = refused (err filled). */
 /* A tool name as the APIs allow it: 1-64 characters of a-z, A-Z, 0-9, _ and -. */
 int tools_name_valid(const char *s);
+/* A top-level chat field: 1 = handled, 0 = not one of ours, -1 = refused (err filled). */
 int tools_parse_field(srv_request *r, const char *key, json_t *v, srv_err *err);
 /* The tool parts of message i (tool_calls, tool_call_id, name) once its role is known; -1 = refused. */
 int tools_parse_message(srv_message *m, json_t *obj, size_t i, srv_err *err);
