@@ -120,7 +120,7 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
     c->vocab = cfg_int(r, KEYS("vocab_size"), 0, 1);
     c->d = cfg_int(r, KEYS("hidden_size"), 0, 1);
     c->n_layers = cfg_int(r, KEYS("num_hidden_layers"), 0, 1);
-    c->eps = (float)cfg_real_in(r, KEYS("rms_norm_eps"), 1e-5, 0.0, 1, 0.1);
+    c->eps = (float)cfg_real_in(r, KEYS("rms_norm_eps"), 1e-5, 1e-12, 0, 0.1);
     c->max_ctx = cfg_int_in(r, KEYS("model_max_length", "max_position_embeddings"), 1 << 20, 0, 1, INT64_MAX);
     c->bos_id = cfg_int(r, KEYS("bos_token_id"), -1, 0);
     c->eos_id = cfg_int(r, KEYS("eos_token_id"), -1, 0);
@@ -151,7 +151,7 @@ static int cfg_read_text(cfg_reader *r, df_config *c) {
     json_t *ug = json_object_get(r->root, "use_grouped_topk");
     if (ug && json_is_false(ug)) c->n_group = c->topk_group = 1;
     c->renorm = cfg_int(r, KEYS("moe_renormalize", "norm_topk_prob"), 1, 0);
-    c->routed_scale = (float)cfg_real_in(r, KEYS("routed_scaling_factor"), 1.0, 0.0, 1, 100.0);
+    c->routed_scale = (float)cfg_real_in(r, KEYS("routed_scaling_factor"), 1.0, 1e-3, 0, 100.0);
     c->first_dense = cfg_int(r, KEYS("first_k_dense_replace"), 0, 0);
     c->moe_freq = cfg_int(r, KEYS("moe_layer_freq"), 1, 0);
     c->latent_dim = cfg_int(r, KEYS("routed_expert_hidden_size"), 0, 0);

@@ -86,7 +86,7 @@ c=$dir/c
 mkdir "$c"
 for f in models/default/*; do [ "${f##*/}" = config.json ] || ln -s "$PWD/$f" "$c/"; done
 n_bad=0 n=0
-for kv_pair in rms_norm_eps=0 rms_norm_eps=-1e-6 rms_norm_eps=1e30 routed_scaling_factor=0 routed_scaling_factor=1e30 \
+for kv_pair in rms_norm_eps=0 rms_norm_eps=-1e-6 rms_norm_eps=1e30 rms_norm_eps=1e-85 routed_scaling_factor=0 routed_scaling_factor=1e30 \
                routed_scaling_factor=-2 model_max_length=0 activation_situ_beta=0; do
     key=${kv_pair%%=*} val=${kv_pair#*=}
     python3 -c "
