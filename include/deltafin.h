@@ -59,6 +59,7 @@ typedef struct df_session df_session;
 /* Which spine weights an engine uses: the checkpoint's own (BF16 in the released models; lossless), or the
  * per-row int8 copies `deltafin quantize --spine int8` writes beside it (lossy; opening fails if absent). */
 enum { DF_SPINE_BF16 = 0, DF_SPINE_INT8 = 1 };
+enum { DF_SPINE_SPLIT_AUTO = 0, DF_SPINE_SPLIT_ON = 1, DF_SPINE_SPLIT_OFF = 2 };
 
 typedef struct df_engine_opts {
     const char *model_dir;
@@ -100,6 +101,10 @@ typedef struct df_engine_opts {
     int ranks;                /* DF_RANKS_LAUNCHER: join the job an MPI launcher (mpirun) started this process in, as
                                  rank 0 of an expert-parallel engine (README "Several machines"); the other ranks
                                  call df_engine_serve. DF_RANKS_ONE (0, the default): this process alone */
+    int spine_split;          /* with several ranks: DF_SPINE_SPLIT_AUTO (0) splits the spine by layers over the ranks
+                                 when the whole of it and the smallest expert cache would not fit the budget (each
+                                 rank then holds about 1/N of it and computes its layers' projections for rank 0),
+                                 else rank 0 holds all of it; _ON and _OFF force either (give every rank the same) */
     /* GPU (CUDA, found at run time; the binary needs no CUDA toolkit): "auto" uses GPU 0 when a driver, NVRTC and
      * a device are present and the model fits its budget, else the CPU (df_engine_describe says why); "off" the
      * CPU; "N" GPU N, failing the open with the reason when it cannot be used. NULL = $DELTAFIN_GPU, else auto. */
@@ -260,10 +265,14 @@ typedef struct df_rank_info {
     int cache_slots;
     uint64_t cache_bytes;
     uint64_t expert_disk_bytes, expert_hits, expert_misses;
+    uint64_t spine_bytes;                  /* the spine matrices and vectors it holds */
+    int spine_first, spine_layers;         /* the layers whose projections it computes (spine split), or 0, 0 */
 } df_rank_info;
 typedef struct df_net_stats {
     uint64_t bytes_sent, bytes_recv, messages;   /* rank 0's, to and from the other ranks */
     double wait_s;                               /* rank 0's time waiting for the other ranks' answers */
+    double link_wait_s;                          /* of it, what the messages' travel (latency and bytes, both
+                                                    ways) accounts for; the rest is the others still working */
 } df_net_stats;
 DF_API int df_engine_ranks(const df_engine *eng);
 /* Rank r's counters, asked of it now (an evaluation call: not beside another). */
@@ -298,10 +307,12 @@ DF_API const char *df_engine_heat_note(const df_engine *eng);
 /* Where evaluation time went, in seconds, accumulated since the engine opened (or the last reset):
  * waiting for spine and expert bytes, attention cores (KDA recurrence, MLA over the cache), routed-expert
  * matrix work, the output head (final norm and lm_head; waits for a streamed lm_head's tiles count as spine
- * reads), and the rest of the forward pass (projections, norms, router, embedding). */
+ * reads), and the rest of the forward pass (projections, norms, router, embedding). With the spine split over
+ * ranks, spine_remote is the time the other ranks took for the projections of the layers they hold (the link's
+ * latency included). */
 typedef struct df_profile {
     double spine_read, expert_read, attention, expert_compute, spine_compute, total;
-    double lm_head;
+    double lm_head, spine_remote;
 } df_profile;
 DF_API void df_engine_profile(const df_engine *eng, df_profile *out);
 

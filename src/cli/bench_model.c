@@ -405,7 +405,9 @@ static void print_result(const bench_result *r, int json, const char *dir) {
         at += snprintf(rank_list + at, sizeof rank_list - (size_t)at, "%s%.0f", i ? "," : "",
                        (double)(r->rank_disk[1][i] - r->rank_disk[0][i]) / gen);
     double net_bpt = (double)(r->net[1].bytes_sent + r->net[1].bytes_recv - r->net[0].bytes_sent - r->net[0].bytes_recv) / gen;
-    double net_wait = (r->net[1].wait_s - r->net[0].wait_s) / gen;
+    /* rank 0 blocked on the others: on the network itself (the messages' travel), and on them still working */
+    double net_wait = (r->net[1].link_wait_s - r->net[0].link_wait_s) / gen;
+    double rank_wait = DF_MAX(0.0, (r->net[1].wait_s - r->net[0].wait_s) / gen - net_wait);
     /* On a GPU every weight is in device memory: the floor is the bytes a pass reads there over the device's own
      * measured read rate (the disk plays no part). */
     double gpu_floor = r->gpu_gbps > 0 ? r->gpu_bytes / (r->gpu_gbps * 1e9) : 0, gpu_spp = r->decode_s / passes;
@@ -440,7 +442,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"breakdown\":{\"spine_read\":%.6f,\"expert_read\":%.6f,"
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"lm_head\":%.6f,\"other\":%.6f},"
                "\"ranks\":%d,\"rank_disk_bytes_per_token\":[%s],\"net_bytes_per_token\":%.0f,"
-               "\"net_wait_s_per_token\":%.6f,\"generated\":[",
+               "\"net_wait_s_per_token\":%.6f,\"rank_wait_s_per_token\":%.6f,\"spine_remote_s_per_token\":%.6f,"
+               "\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
                r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, r->probe_gbps, r->engine_gbps,
@@ -450,7 +453,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                (unsigned long long)pre_loads,
                r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
                r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
-               r->prof.lm_head / n, other > 0 ? other : 0, r->ranks, rank_list, net_bpt, net_wait);
+               r->prof.lm_head / n, other > 0 ? other : 0, r->ranks, rank_list, net_bpt, net_wait,
+               rank_wait, r->prof.spine_remote / n);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
         printf("],\"generated_streams\":[");
         for (int k = 0; k < r->parallel; k++) {
@@ -533,8 +537,8 @@ static void print_result(const bench_result *r, int json, const char *dir) {
            "cache hit rate %.1f%%\n", bpt / 1e9, r->parallel > 1 ? "generated token" : "token", ebpt / 1e9,
            sbpt / 1e9, read_gbps, 100 * busy, 100 * hit);
     if (r->ranks > 1)
-        printf("  ranks %d: expert disk bytes per token by rank [%s]; %.0f bytes per token over the network, rank 0 "
-               "waiting %.6f s per token for the others\n", r->ranks, rank_list, net_bpt, net_wait);
+        printf("  ranks %d: expert disk bytes/token by rank [%s]; %.0f network bytes/token; rank 0 waits %.6f s/token "
+               "on the network, %.6f s on the others' work\n", r->ranks, rank_list, net_bpt, net_wait, rank_wait);
     printf("  per %s: spine read wait %.3f s, expert read wait %.3f s, spine compute %.3f s, attention %.3f s, "
            "expert compute %.3f s, lm_head %.3f s, other %.3f s\n", r->parallel > 1 ? "pass" : "token",
            r->prof.spine_read / n, r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n,

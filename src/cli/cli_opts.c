@@ -137,6 +137,15 @@ int cli_storage_opt(int c, const char *arg, df_engine_opts *o) {
             return -1;
         }
         return 1;
+    case CLI_OPT_SPINE_SPLIT:
+        if (!strcmp(arg, "auto")) o->spine_split = DF_SPINE_SPLIT_AUTO;
+        else if (!strcmp(arg, "on")) o->spine_split = DF_SPINE_SPLIT_ON;
+        else if (!strcmp(arg, "off")) o->spine_split = DF_SPINE_SPLIT_OFF;
+        else {
+            fprintf(stderr, "deltafin: --spine-split: expected auto, on or off, got '%s'\n", arg);
+            return -1;
+        }
+        return 1;
     case CLI_OPT_LOOKAHEAD:
         if (!arg || !strcmp(arg, "on")) o->lookahead = DF_LOOKAHEAD_ON;
         else if (!strcmp(arg, "off")) o->lookahead = DF_LOOKAHEAD_OFF;

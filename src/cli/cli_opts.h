@@ -11,13 +11,13 @@
 enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_BUFFERED_IO, CLI_OPT_IO_THREADS,
        CLI_OPT_REMOTE, CLI_OPT_IO, CLI_OPT_LOOKAHEAD, CLI_OPT_SPINE,
        CLI_OPT_CACHE_POLICY, CLI_OPT_TRACE_ROUTING, CLI_OPT_HEAT, CLI_OPT_EXPERT_DIRS, CLI_OPT_CTX, CLI_OPT_GPU,
-       CLI_OPT_GPU_MEM };
+       CLI_OPT_GPU_MEM, CLI_OPT_SPINE_SPLIT };
 
 /* The context run, chat and info budget a conversation's state for when --ctx is not given. */
 #define CLI_DEFAULT_CTX 4096
 
 /* Entries in CLI_STORAGE_LONGOPTS (for tables that are sized at compile time). */
-#define CLI_STORAGE_N_LONGOPTS 16
+#define CLI_STORAGE_N_LONGOPTS 17
 
 #define CLI_STORAGE_LONGOPTS                                                                                    \
     {"mem", 1, 0, CLI_OPT_MEM}, {"cache-slots", 1, 0, CLI_OPT_CACHE_SLOTS},                                     \
@@ -26,7 +26,7 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
         {"lookahead", 2, 0, CLI_OPT_LOOKAHEAD}, {"spine", 1, 0, CLI_OPT_SPINE},                                  \
         {"cache-policy", 1, 0, CLI_OPT_CACHE_POLICY}, {"trace-routing", 1, 0, CLI_OPT_TRACE_ROUTING},            \
         {"heat", 1, 0, CLI_OPT_HEAT}, {"expert-dirs", 1, 0, CLI_OPT_EXPERT_DIRS}, {"ctx", 1, 0, CLI_OPT_CTX},         \
-        {"gpu", 1, 0, CLI_OPT_GPU}, {"gpu-mem", 1, 0, CLI_OPT_GPU_MEM}
+        {"gpu", 1, 0, CLI_OPT_GPU}, {"gpu-mem", 1, 0, CLI_OPT_GPU_MEM}, {"spine-split", 1, 0, CLI_OPT_SPINE_SPLIT}
 
 #define CLI_STORAGE_USAGE                                                                                       \
     "  --mem SIZE        memory budget (spine + expert cache + buffers), e.g. 8G, 512M; bare number = GiB\n"   \
@@ -48,7 +48,9 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "                    model's if smaller); generation stops there\n"                                        \
     "  --gpu auto|off|N  run on NVIDIA GPU N (CUDA driver + NVRTC found at run time); auto (default): GPU 0 when\n" \
     "                    present and the model fits, else the CPU; info shows the plan\n"                          \
-    "  --gpu-mem SIZE    GPU memory budget for weights, states and working memory (default: free less 1 GiB)\n"
+    "  --gpu-mem SIZE    GPU memory budget for weights, states and working memory (default: free less 1 GiB)\n" \
+    "  --spine-split auto|on|off  under mpirun: split the spine by layers over the ranks; auto (default) when\n" \
+    "                    it would not fit one rank's --mem whole (give every rank the same)\n"
 
 /* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
  * names the flag, the accepted range and the value given. A number's bounds are decimal text ("0.1"),

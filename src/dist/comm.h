@@ -20,7 +20,7 @@
 typedef struct df_comm dist_comm;
 
 /* Message tags the engine uses; the heartbeat's own tag is the comm layer's. */
-enum { DIST_TAG_HELLO = 11, DIST_TAG_JOB = 12, DIST_TAG_REPLY = 13 };
+enum { DIST_TAG_HELLO = 11, DIST_TAG_JOB = 12, DIST_TAG_REPLY = 13, DIST_TAG_SPINE = 14 };
 
 #define DIST_HEARTBEAT_S 0.2
 #define DIST_TIMEOUT_DEFAULT_S 5.0

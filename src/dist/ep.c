@@ -11,11 +11,11 @@
 
 #include "common/util.h"
 
-#define EP_VERSION 1
+#define EP_VERSION 2
 #define MAGIC_HELLO 0x4f4c4548u   /* "HELO" */
 #define MAGIC_JOB 0x424f4a44u     /* "DJOB" */
 #define MAGIC_REPLY 0x59504552u   /* "REPY" */
-enum { KIND_WORK = 0, KIND_CLOSE = 1, KIND_STATS = 2 };
+enum { KIND_WORK = 0, KIND_CLOSE = 1, KIND_STATS = 2, KIND_SPINE = 3 };
 /* A job's rows: a pass takes at most a few thousand; this bounds what a rank allocates for a message. */
 #define EP_MAX_ROWS (1 << 16)
 #define EP_MAX_MSG ((size_t)1 << 30)
@@ -26,7 +26,7 @@ enum { KIND_WORK = 0, KIND_CLOSE = 1, KIND_STATS = 2 };
 
 typedef struct ep_hello {
     uint32_t magic, version;
-    int32_t n_ranks, n_layers, Dz, topk, moe_inter, n_experts;
+    int32_t n_ranks, n_layers, Dz, topk, moe_inter, n_experts, spine_split, pad;
     uint64_t plan_sum;
     char isa[16];
 } ep_hello;
@@ -35,7 +35,7 @@ typedef struct ep_hello_reply {
     uint32_t magic;
     int32_t status, cache_slots, pad;
     int64_t held, shared;
-    uint64_t cache_bytes;
+    uint64_t cache_bytes, spine_bytes;
     char host[64], folder[512], msg[1024];
 } ep_hello_reply;
 
@@ -44,10 +44,18 @@ typedef struct ep_job_head {
     int32_t kind, layer, T, k, Dz, n_uniq, n_groups, pad;
 } ep_job_head;
 
+/* A projection of a layer the receiving rank holds: x [T, cols] follows; the answer is [T, rows] floats. */
+typedef struct ep_spine_head {
+    uint32_t magic, seq;
+    int32_t kind, layer, T, cols, rows, pad;
+    char key[64];
+} ep_spine_head;
+
 typedef struct ep_reply_head {
     uint32_t magic, seq;
     int32_t kind, layer, group, status;
     int64_t n_floats;           /* floats that follow; with status != 0 the bytes of a message instead */
+    double busy_s;              /* from the request's arrival to this reply's sending: the rank's own time */
 } ep_reply_head;
 
 typedef struct ep_stats_body {
@@ -65,6 +73,8 @@ struct dist_ep {
     uint8_t *tx;
     size_t tx_cap;
     int *to;                    /* ranks a job goes to */
+    double *sent_at;            /* per rank: when the request being answered was sent */
+    double link_wait;           /* of the time blocked on replies, what the messages' travel accounts for */
     unsigned *turn;             /* per layer: its passes so far (deals a replicated expert's passes over its holders) */
     atomic_int lost;
     char lost_msg[1024];
@@ -97,6 +107,7 @@ static int ep_check_alive(dist_ep *ep, df_error *err) {
 /* Sends one buffer to several ranks. */
 static int ep_send_to(dist_ep *ep, const int *to, int n, const void *buf, size_t len, int tag, df_error *err) {
     for (int i = 0; i < n; i++) {
+        ep->sent_at[to[i]] = df_now();
         int rc = comm_send(ep->c, to[i], tag, buf, len, err);
         if (rc) return ep_lose(ep, err);
     }
@@ -142,8 +153,11 @@ static int ep_dispatch(void *ctx, const moe_job *job, df_error *err) {
 /* The next reply from rank r for the job in progress: replies to an earlier job that failed part-way are
  * dropped; anything else out of order is a protocol error naming the rank. */
 static int ep_recv_reply(dist_ep *ep, int r, int kind, int layer, int group, df_error *err) {
+    int tag = kind == KIND_SPINE ? DIST_TAG_SPINE : DIST_TAG_REPLY;
+    dist_counters c0, c1;
+    comm_counters(ep->c, &c0);
     for (;;) {
-        int rc = comm_recv(ep->c, r, DIST_TAG_REPLY, &ep->rx, EP_MAX_MSG, EP_REPLY_TIMEOUT_S, err);
+        int rc = comm_recv(ep->c, r, tag, &ep->rx, EP_MAX_MSG, EP_REPLY_TIMEOUT_S, err);
         if (rc) return ep_lose(ep, err);
         const ep_reply_head *h = ep->rx.p;
         if (ep->rx.n < sizeof *h || h->magic != MAGIC_REPLY) {
@@ -152,7 +166,8 @@ static int ep_recv_reply(dist_ep *ep, int r, int kind, int layer, int group, df_
             return ep_lose(ep, err);
         }
         if (h->seq != ep->seq && h->kind == KIND_WORK && (int32_t)(ep->seq - h->seq) > 0) continue;   /* stale */
-        if (h->seq != ep->seq || h->kind != kind || (kind == KIND_WORK && (h->layer != layer || h->group != group))) {
+        if (h->seq != ep->seq || h->kind != kind ||
+            (kind != KIND_STATS && (h->layer != layer || h->group != group))) {
             df_error_set(err, DF_EFORMAT, "rank %d (%s) answered out of order (job %u kind %d layer %d group %d, "
                          "expected job %u kind %d layer %d group %d)", r, ep->info[r].host, h->seq, h->kind, h->layer,
                          h->group, ep->seq, kind, layer, group);
@@ -164,9 +179,16 @@ static int ep_recv_reply(dist_ep *ep, int r, int kind, int layer, int group, df_
                          ep->info[r].host, (int)DF_MIN(n, 900), (const char *)(h + 1));
             return err->code;
         }
+        /* Blocked time beyond what rank r spent on the request is the messages' travel (both ways, latency and
+         * bytes); the rest was rank r still working. Its figure is only trusted within the round trip. */
+        comm_counters(ep->c, &c1);
+        double trip = df_now() - ep->sent_at[r], own = isfinite(h->busy_s) ? DF_MAX(0.0, DF_MIN(h->busy_s, trip)) : 0;
+        ep->link_wait += DF_MIN(c1.wait_s - c0.wait_s, trip - own);
         return DF_OK;
     }
 }
+
+double ep_link_wait(const dist_ep *ep) { return ep->link_wait; }
 
 static int ep_collect(void *ctx, const moe_job *job, int g, float *const *out, df_error *err) {
     dist_ep *ep = ctx;
@@ -195,11 +217,38 @@ static int ep_collect(void *ctx, const moe_job *job, int g, float *const *out, d
     return DF_OK;
 }
 
+/* A projection of a layer another rank holds: the input goes there, the answer comes back checked. */
+static int ep_spine_matmul(void *ctx, int layer, const char *key, const df_tensor *w, const float *x, int T,
+                           float *out, df_error *err) {
+    dist_ep *ep = ctx;
+    int rc = ep_check_alive(ep, err), r = ep->plan->spine_rank[layer];
+    if (rc) return rc;
+    int64_t cols = w->shape[1], rows = w->shape[0];
+    size_t len = sizeof(ep_spine_head) + (size_t)T * (size_t)cols * sizeof(float);
+    uint8_t *b = tx_room(ep, len);
+    ep_spine_head h = {MAGIC_JOB, ++ep->seq, KIND_SPINE, layer, T, (int32_t)cols, (int32_t)rows, 0, {0}};
+    snprintf(h.key, sizeof h.key, "%s", key);
+    memcpy(b, &h, sizeof h);
+    memcpy(b + sizeof h, x, len - sizeof h);
+    rc = ep_send_to(ep, &r, 1, b, len, DIST_TAG_JOB, err);
+    if (rc) return rc;
+    rc = ep_recv_reply(ep, r, KIND_SPINE, layer, 0, err);
+    if (rc) return rc;
+    const ep_reply_head *a = ep->rx.p;
+    if (a->n_floats != (int64_t)T * rows || ep->rx.n != sizeof *a + (size_t)T * (size_t)rows * sizeof(float)) {
+        df_error_set(err, DF_EFORMAT, "rank %d (%s) sent %lld floats for %s of layer %d, expected %lld", r,
+                     ep->info[r].host, (long long)a->n_floats, key, layer, (long long)T * rows);
+        return ep_lose(ep, err);
+    }
+    memcpy(out, a + 1, (size_t)T * (size_t)rows * sizeof(float));
+    return DF_OK;
+}
+
 static void hello_fill(ep_hello *h, const df_model *m, const rank_plan *plan, int n_ranks, const char *isa) {
     memset(h, 0, sizeof *h);
     const df_config *c = &m->cfg;
     *h = (ep_hello){MAGIC_HELLO, EP_VERSION, n_ranks, c->n_layers, config_expert_dim(c), c->topk, c->moe_inter,
-                    c->n_experts, plan->checksum, {0}};
+                    c->n_experts, plan->spine_rank != NULL, 0, plan->checksum, {0}};
     snprintf(h->isa, sizeof h->isa, "%s", isa);
 }
 
@@ -223,6 +272,7 @@ static void own_info(ep_rank_info *in, dist_comm *c, df_model *m, const rank_pla
     in->expert_disk_bytes = ss.expert_disk_bytes;
     in->expert_hits = ss.expert_hits;
     in->expert_misses = ss.expert_misses;
+    in->spine_bytes = ss.spine_bytes;
 }
 
 int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, df_error *err) {
@@ -232,8 +282,9 @@ int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *pl
     ep->c = c, ep->m = m, ep->plan = plan;
     ep->info = xcalloc((size_t)N, sizeof *ep->info);
     ep->to = xcalloc((size_t)N, sizeof *ep->to);
+    ep->sent_at = xcalloc((size_t)N, sizeof *ep->sent_at);
     ep->turn = xcalloc((size_t)m->cfg.n_layers + 1, sizeof *ep->turn);
-    ep->peers = (model_peers){ep, ep_assign, ep_dispatch, ep_collect};
+    ep->peers = (model_peers){ep, ep_assign, ep_dispatch, ep_collect, plan->spine_rank, ep_spine_matmul};
     own_info(&ep->info[0], c, m, plan, plan->folders[0]);
     for (int r = 1; r < N; r++) ep->to[r - 1] = r, snprintf(ep->info[r].host, sizeof ep->info[r].host, "rank %d", r);
     ep_hello h;
@@ -254,12 +305,12 @@ int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *pl
             memcpy(in->folder, a->folder, sizeof in->folder);
             in->folder[sizeof in->folder - 1] = 0;
             in->held = a->held, in->computed = a->shared;
-            in->cache_slots = a->cache_slots, in->cache_bytes = a->cache_bytes;
+            in->cache_slots = a->cache_slots, in->cache_bytes = a->cache_bytes, in->spine_bytes = a->spine_bytes;
         }
     }
     if (rc) {
         ep_lose(ep, err);
-        free(ep->info), free(ep->to), free(ep->turn), dist_buf_free(&ep->rx), free(ep);
+        free(ep->info), free(ep->to), free(ep->sent_at), free(ep->turn), dist_buf_free(&ep->rx), free(ep);
         return rc;
     }
     *out = ep;
@@ -312,6 +363,7 @@ void ep_leader_close(dist_ep *ep) {
     }
     free(ep->info);
     free(ep->to);
+    free(ep->sent_at);
     free(ep->turn);
     free(ep->tx);
     dist_buf_free(&ep->rx);
@@ -330,9 +382,18 @@ typedef struct ep_server {
     size_t tx_cap;
     int *rows;                  /* [E] rows per uniq, counted from the routing */
     uint8_t *seen;              /* [E] */
+    double got_at;              /* when the request being served arrived */
+    const df_store_layer *L;    /* spine split: the layer of the last projection asked for, kept acquired */
+    int L_index;
 } ep_server;
 
-static int reply_send(ep_server *s, const ep_reply_head *h, const void *body, size_t n, df_error *err) {
+/* Sends the reply in s->tx, stamped with this rank's time on the request. */
+static int reply_post(ep_server *s, int tag, size_t len, df_error *err) {
+    ((ep_reply_head *)s->tx)->busy_s = df_now() - s->got_at;
+    return comm_send(s->c, 0, tag, s->tx, len, err);
+}
+
+static int reply_send(ep_server *s, int tag, const ep_reply_head *h, const void *body, size_t n, df_error *err) {
     size_t len = sizeof *h + n;
     if (len > s->tx_cap) {
         free(s->tx);
@@ -341,15 +402,15 @@ static int reply_send(ep_server *s, const ep_reply_head *h, const void *body, si
     }
     memcpy(s->tx, h, sizeof *h);
     if (n) memcpy(s->tx + sizeof *h, body, n);
-    return comm_send(s->c, 0, DIST_TAG_REPLY, s->tx, len, err);
+    return reply_post(s, tag, len, err);
 }
 
 static int reply_error(ep_server *s, const ep_job_head *j, int group, const df_error *why, df_error *err) {
     char msg[1024];
     int n = snprintf(msg, sizeof msg, "%s", why->msg);
     ep_reply_head h = {MAGIC_REPLY, j->seq, j->kind, j->layer, group, why->code ? why->code : DF_EIO,
-                       DF_MIN(n, (int)sizeof msg - 1)};
-    return reply_send(s, &h, msg, (size_t)h.n_floats, err);
+                       DF_MIN(n, (int)sizeof msg - 1), 0};
+    return reply_send(s, DIST_TAG_REPLY, &h, msg, (size_t)h.n_floats, err);
 }
 
 /* Everything rank 0 sent, checked against this rank's model and plan before any of it is used. */
@@ -432,11 +493,66 @@ static int serve_job(ep_server *s, df_error *err) {
             scratch_end_pass(&s->m->sc);
             return reply_error(s, &h, g, &why, err);
         }
-        *(ep_reply_head *)s->tx = (ep_reply_head){MAGIC_REPLY, h.seq, KIND_WORK, h.layer, g, 0, n};
-        if ((rc = comm_send(s->c, 0, DIST_TAG_REPLY, s->tx, len, err))) break;
+        *(ep_reply_head *)s->tx = (ep_reply_head){MAGIC_REPLY, h.seq, KIND_WORK, h.layer, g, 0, n, 0};
+        if ((rc = reply_post(s, DIST_TAG_REPLY, len, err))) break;
     }
     scratch_end_pass(&s->m->sc);
     return rc;
+}
+
+static int spine_fail(ep_server *s, const ep_spine_head *h, const df_error *why, df_error *err) {
+    char msg[1024];
+    int n = snprintf(msg, sizeof msg, "%s", why->msg);
+    ep_reply_head a = {MAGIC_REPLY, h->seq, KIND_SPINE, h->layer, 0, why->code ? why->code : DF_EIO,
+                       DF_MIN(n, (int)sizeof msg - 1), 0};
+    return reply_send(s, DIST_TAG_SPINE, &a, msg, (size_t)a.n_floats, err);
+}
+
+/* A projection of one of this rank's layers: checked against the plan and the layer's table, computed with the
+ * kernels rank 0 would have used. A request this rank cannot trust ends the service, like a bad job; a part it
+ * cannot read fails only this request. */
+static int serve_spine(ep_server *s, df_error *err) {
+    ep_spine_head h;
+    df_error why = {0};
+    if (s->rx.n < sizeof h) {
+        return df_error_set(err, DF_EFORMAT, "rank %d: malformed projection request from rank 0 (%zu bytes)", s->me,
+                            s->rx.n), DF_EFORMAT;
+    }
+    memcpy(&h, s->rx.p, sizeof h);
+    const float *x = (const float *)((const uint8_t *)s->rx.p + sizeof h);
+    const df_config *c = &s->m->cfg;
+    int bad = h.layer < 0 || h.layer >= c->n_layers || !s->plan->spine_rank || s->plan->spine_rank[h.layer] != s->me ||
+              h.T < 1 || h.T > EP_MAX_ROWS || h.cols < 1 || h.rows < 1 || !memchr(h.key, 0, sizeof h.key) ||
+              s->rx.n != sizeof h + (size_t)h.T * (size_t)h.cols * sizeof(float);
+    if (bad) {
+        df_error_set(&why, DF_EFORMAT, "rank %d: malformed projection request from rank 0 (layer %d, %d rows of "
+                     "width %d, %zu bytes), or for a layer it does not hold", s->me, h.layer, h.T, h.cols, s->rx.n);
+        spine_fail(s, &h, &why, err);
+        *err = why;
+        return DF_EFORMAT;
+    }
+    int rc = DF_OK;
+    if (s->L && s->L_index != h.layer) store_layer_release(s->m->store, s->L), s->L = NULL;
+    if (!s->L) rc = store_layer_acquire(s->m->store, s->L_index = h.layer, &s->L, &why);
+    const df_tensor *w = rc ? NULL : store_layer_tensor(s->L, h.key);
+    if (!rc && (!w || w->ndim != 2 || w->shape[1] != h.cols || w->shape[0] != h.rows || !store_layer_holds(s->L, w))) {
+        df_error_set(&why, DF_EINVAL, "rank %d: rank 0 asks for %s [%d, %d] of layer %d, which it does not hold as "
+                     "such (do the ranks run the same checkpoint?)", s->me, h.key, h.rows, h.cols, h.layer);
+        spine_fail(s, &h, &why, err);
+        *err = why;
+        return DF_EINVAL;
+    }
+    if (!rc) rc = store_layer_need(s->m->store, s->L, w, &why);
+    if (rc) return spine_fail(s, &h, &why, err);
+    size_t n = (size_t)h.T * (size_t)h.rows, len = sizeof(ep_reply_head) + n * sizeof(float);
+    if (len > s->tx_cap) {
+        free(s->tx);
+        s->tx_cap = len + len / 2;
+        s->tx = xmalloc(s->tx_cap);
+    }
+    kern_matmul(s->m->kern, w, x, h.T, (float *)(s->tx + sizeof(ep_reply_head)));
+    *(ep_reply_head *)s->tx = (ep_reply_head){MAGIC_REPLY, h.seq, KIND_SPINE, h.layer, 0, 0, (int64_t)n, 0};
+    return reply_post(s, DIST_TAG_SPINE, len, err);
 }
 
 int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, const char *folder,
@@ -464,6 +580,11 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
                                            "%d, top %d) is not rank 0's (%d layers, %d experts of width %d, top %d)",
                                            s.me, mine.n_layers, mine.n_experts, mine.Dz, mine.topk, h->n_layers,
                                            h->n_experts, h->Dz, h->topk);
+        else if (h->spine_split != mine.spine_split)
+            a.status = DF_EINVAL, snprintf(a.msg, sizeof a.msg, "rank %d %s the spine over the ranks and rank 0 %s "
+                                           "(give every rank the same --spine-split, or the same --mem)", s.me,
+                                           mine.spine_split ? "splits" : "does not split",
+                                           h->spine_split ? "does" : "does not");
         else if (h->plan_sum != mine.plan_sum)
             a.status = DF_EINVAL, snprintf(a.msg, sizeof a.msg, "rank %d: its rank plan (%s) differs from rank 0's",
                                            s.me, plan->from_file ? RANK_PLAN_FILE : "experts dealt e mod N");
@@ -476,6 +597,7 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
         ep_rank_info in;
         own_info(&in, c, m, plan, folder);
         a.held = in.held, a.shared = in.computed, a.cache_slots = in.cache_slots, a.cache_bytes = in.cache_bytes;
+        a.spine_bytes = in.spine_bytes;
     }
     rc = comm_send(c, 0, DIST_TAG_HELLO, &a, sizeof a, err);
     if (!rc && a.status) rc = a.status, df_error_set(err, a.status, "%s", a.msg);
@@ -486,6 +608,7 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
     while (!rc) {
         rc = comm_recv(c, 0, DIST_TAG_JOB, &s.rx, EP_MAX_MSG, 1e9, err);
         if (rc) break;
+        s.got_at = df_now();
         const ep_job_head *j = s.rx.p;
         if (s.rx.n < sizeof *j || j->magic != MAGIC_JOB) {
             rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "rank %d: malformed message from rank 0 (%zu bytes)", s.me,
@@ -496,15 +619,18 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
             store_stats ss;
             store_get_stats(m->store, &ss);
             ep_stats_body b = {ss.expert_disk_bytes, ss.expert_hits, ss.expert_misses};
-            ep_reply_head rh = {MAGIC_REPLY, j->seq, KIND_STATS, 0, 0, 0, 0};
-            rc = reply_send(&s, &rh, &b, sizeof b, err);
+            ep_reply_head rh = {MAGIC_REPLY, j->seq, KIND_STATS, 0, 0, 0, 0, 0};
+            rc = reply_send(&s, DIST_TAG_REPLY, &rh, &b, sizeof b, err);
         } else if (j->kind == KIND_WORK) {
             rc = serve_job(&s, err);
+        } else if (j->kind == KIND_SPINE) {
+            rc = serve_spine(&s, err);
         } else {
             rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "rank %d: unknown message kind %d from rank 0", s.me,
                                           j->kind);
         }
     }
+    if (s.L) store_layer_release(m->store, s.L);
     free(s.rows);
     free(s.seen);
     free(s.tx);

@@ -2,6 +2,8 @@
  * layer, hands each other rank the routed experts it computes (one job message: the layer's expert inputs, the
  * routing and who computes what); the others serve those jobs from their own store and send back, group by
  * group, the weighted outputs of their experts, which rank 0 adds in the order the single-process engine does.
+ * With the spine split over the ranks (rank_plan.spine_rank), rank 0 also sends the rank holding a layer each
+ * projection's input, and that rank answers with the projection, computed by the same kernels.
  *
  * Messages are little-endian structs of 32-bit words; everything received is checked (magic, sequence, sizes,
  * layer, ids, assignment) before it is used, and a rank that breaks the protocol is named in the error. */
@@ -22,6 +24,7 @@ typedef struct ep_rank_info {
     int cache_slots;
     uint64_t cache_bytes;
     uint64_t expert_disk_bytes, expert_hits, expert_misses;   /* at the last ep_refresh_stats */
+    uint64_t spine_bytes;      /* the spine it holds */
 } ep_rank_info;
 
 /* Rank 0: greets every other rank (checking they run the same model, plan and kernels, and that each opened its
@@ -34,6 +37,9 @@ int ep_ranks(const dist_ep *ep);
 const ep_rank_info *ep_rank(const dist_ep *ep, int r);
 /* Asks every rank for its storage counters now (between passes). */
 int ep_refresh_stats(dist_ep *ep, df_error *err);
+/* Of rank 0's time blocked on the others' replies (comm_counters' wait_s), the part the messages' travel accounts
+ * for: each reply's round trip less the time the answering rank says it spent on the request. */
+double ep_link_wait(const dist_ep *ep);
 /* DF_OK while every rank answers; after a loss, the error that named the lost rank (thread-safe). */
 int ep_health(const dist_ep *ep, char *why, size_t cap);
 

@@ -20,6 +20,7 @@ void rank_plan_free(rank_plan *p) {
     free(p->folders);
     free(p->base);
     free(p->holders);
+    free(p->spine_rank);
     memset(p, 0, sizeof *p);
 }
 
@@ -35,7 +36,9 @@ static void plan_shape(rank_plan *p, int n_ranks, int n_layers, const int *n_exp
 
 static void plan_checksum(rank_plan *p) {
     uint64_t h = df_hash64(&p->n_ranks, sizeof p->n_ranks, 0x5eed);
-    p->checksum = df_hash64(p->holders, (size_t)p->base[p->n_layers] * sizeof *p->holders, h);
+    h = df_hash64(p->holders, (size_t)p->base[p->n_layers] * sizeof *p->holders, h);
+    if (p->spine_rank) h = df_hash64(p->spine_rank, (size_t)p->n_layers * sizeof *p->spine_rank, h ^ 0x5b1e);
+    p->checksum = h;
 }
 
 static int plan_parse(rank_plan *p, char *text, const char *path, const int *n_experts, df_error *err) {
@@ -150,6 +153,24 @@ void rank_plan_build(rank_plan *p, int n_ranks, const double *weights, int n_lay
     (void)wsum;
     free(ord);
     free(load);
+    plan_checksum(p);
+}
+
+void rank_plan_split_spine(rank_plan *p, const int64_t *layer_bytes, int64_t top_bytes) {
+    int L = p->n_layers, N = p->n_ranks;
+    free(p->spine_rank);
+    p->spine_rank = xcalloc((size_t)L + 1, sizeof *p->spine_rank);
+    int64_t total = top_bytes;
+    for (int l = 0; l < L; l++) total += layer_bytes[l];
+    /* Contiguous runs: a layer goes to the rank whose 1/N of the bytes holds its midpoint, rank 0's share
+     * starting with its top-level tensors, so the shares differ by at most about one layer. */
+    int64_t acc = top_bytes;
+    for (int l = 0; l < L; l++) {
+        double mid = (double)acc + 0.5 * (double)layer_bytes[l];
+        int r = total > 0 ? (int)(mid * N / (double)total) : 0;
+        p->spine_rank[l] = (int16_t)DF_MIN(r, N - 1);
+        acc += layer_bytes[l];
+    }
     plan_checksum(p);
 }
 

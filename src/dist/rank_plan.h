@@ -25,6 +25,8 @@ typedef struct rank_plan {
     int64_t *base;          /* per layer: its first expert in layer-major order; base[n_layers] = all */
     uint64_t *holders;      /* per expert: bit r set = rank r holds it */
     char **folders;         /* per rank: its expert folder; NULL = the model folder's shards (no plan file) */
+    int16_t *spine_rank;    /* per layer: the rank holding its spine matrices (rank_plan_split_spine); NULL = every
+                               rank has the whole spine it uses (rank 0 all of it) */
     uint64_t checksum;      /* of the plan's content: every rank must have the same */
     int from_file;
 } rank_plan;
@@ -37,6 +39,9 @@ int rank_plan_load(rank_plan *p, const char *dir, int n_layers, const int *n_exp
  * replicated on as many ranks as it takes to bring it under that share. */
 void rank_plan_build(rank_plan *p, int n_ranks, const double *weights, int n_layers, const int *n_experts,
                      const float *heat);
+/* Splits the spine over the ranks by layers: each rank gets a contiguous run of layers holding about 1/N of the
+ * spine's bytes, rank 0's share counting the top-level tensors (embedding, lm_head), which stay with it. */
+void rank_plan_split_spine(rank_plan *p, const int64_t *layer_bytes, int64_t top_bytes);
 int rank_plan_write(const rank_plan *p, const char *dir, const char *const *folders, df_error *err);
 void rank_plan_free(rank_plan *p);
 /* Whether rank r holds expert (layer, e). */

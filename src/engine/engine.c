@@ -8,6 +8,7 @@
 #include "deltafin.h"
 #include "common/util.h"
 #include "engine/engine_internal.h"
+#include "format/tensor_names.h"
 #include "gpu/gpu.h"
 
 void df_engine_opts_default(df_engine_opts *o) {
@@ -46,6 +47,37 @@ static void engine_state_share(const df_engine_opts *opts, store_opts *so) {
     free(path);
 }
 
+/* The spine split over ranks: rank 0 keeps the top-level tensors and, of the layers others hold, the matrix its
+ * attention reads itself (MLA's kv_b); a layer's holder keeps the rest of its matrices. */
+static int engine_spine_keep(void *ctx, int layer, const char *key) {
+    const df_engine *e = ctx;
+    int me = comm_rank(e->comm), kvb = !strcmp(key, tensor_name_suffix(TN_MLA_KV_B));
+    if (layer == e->plan.n_layers) return me == 0;
+    if (e->plan.spine_rank[layer] == me) return me == 0 || !kvb;
+    return me == 0 && kvb;
+}
+
+/* Whether to split the spine (opts.spine_split; auto: when this rank's budget would not hold all of it), and
+ * by what: the checkpoint's tables, opened for their sizes only. */
+static int engine_spine_split(df_engine *e, const df_engine_opts *opts, store_opts *so, df_error *err) {
+    store_opts probe = *so;
+    probe.catalog_only = 1;
+    df_store *st = NULL;
+    int rc = store_open_ex(&st, opts->model_dir, &probe, err);
+    if (rc) return rc;
+    if (opts->spine_split == DF_SPINE_SPLIT_ON || !store_spine_fits(st)) {
+        int L = e->plan.n_layers;
+        int64_t *bytes = xcalloc((size_t)L + 1, sizeof *bytes);
+        for (int l = 0; l < L; l++) bytes[l] = (int64_t)store_spine_bytes_of(st, l);
+        rank_plan_split_spine(&e->plan, bytes, (int64_t)store_spine_bytes_of(st, L));
+        free(bytes);
+        so->spine_keep = engine_spine_keep;
+        so->spine_keep_ctx = e;
+    }
+    store_free(st);
+    return DF_OK;
+}
+
 /* Expert parallelism: the rank plan for this job (config.json read ahead of the store, which takes this rank's
  * expert mask at open), this rank's mask and folder. */
 static int engine_rank_plan(df_engine *e, const df_engine_opts *opts, store_opts *so, const char **folder,
@@ -81,13 +113,14 @@ static int engine_rank_plan(df_engine *e, const df_engine_opts *opts, store_opts
     so->expert_dirs = NULL;
     so->placement_dir = e->plan.from_file || opts->expert_dirs ? *folder : NULL;
     so->lookahead = DF_LOOKAHEAD_OFF;   /* a guess would read experts other ranks compute */
-    if (me > 0) {   /* the spine is rank 0's: nothing of it is read or budgeted here */
-        so->experts_only = 1;
-        so->preload = DF_PRELOAD_OFF;
+    if (opts->spine_split != DF_SPINE_SPLIT_OFF) rc = engine_spine_split(e, opts, so, err);
+    if (me > 0) {   /* rank 0 counts heat and traces; the spine is rank 0's unless split */
+        so->experts_only = !e->plan.spine_rank;
+        if (so->experts_only) so->preload = DF_PRELOAD_OFF;
         so->heat = DF_HEAT_OFF;
         so->trace_routing = NULL;
     }
-    return DF_OK;
+    return rc;
 }
 
 /* Every expert the plan gives this rank is in its folder (or cannot be placed, and is read from the shards). */
@@ -307,6 +340,7 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
         out->expert_disk_bytes = ss.expert_disk_bytes;
         out->expert_hits = ss.expert_hits;
         out->expert_misses = ss.expert_misses;
+        out->spine_bytes = ss.spine_bytes;
         return DF_OK;
     }
     int rc = ep_refresh_stats(e->ep, err);
@@ -320,6 +354,9 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
     out->expert_disk_bytes = in->expert_disk_bytes;
     out->expert_hits = in->expert_hits;
     out->expert_misses = in->expert_misses;
+    out->spine_bytes = in->spine_bytes;
+    for (int l = 0; e->plan.spine_rank && l < e->plan.n_layers; l++)
+        if (e->plan.spine_rank[l] == r && !out->spine_layers++) out->spine_first = l;
     return rc;
 }
 
@@ -328,7 +365,7 @@ void df_engine_net_stats(const df_engine *e, df_net_stats *out) {
     if (!e->comm) return;
     dist_counters n;
     comm_counters(e->comm, &n);
-    *out = (df_net_stats){n.bytes_sent, n.bytes_recv, n.msgs_sent, n.wait_s};
+    *out = (df_net_stats){n.bytes_sent, n.bytes_recv, n.msgs_sent, n.wait_s, e->ep ? ep_link_wait(e->ep) : 0};
 }
 
 int df_engine_health(const df_engine *e, char *why, size_t cap) {
@@ -389,14 +426,20 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
     if (n < (int)cap) store_describe(e->store, buf + n, cap - n);
     n = (int)strlen(buf);
     if (e->ep && n < (int)cap)
-        n += snprintf(buf + n, cap - n, "ranks: %d (expert parallel; rank plan: %s)\n", ep_ranks(e->ep),
-                      e->plan.from_file ? RANK_PLAN_FILE : "expert e on rank e mod N, read from the model folder");
+        n += snprintf(buf + n, cap - n, "ranks: %d (expert parallel; rank plan: %s; spine %s)\n", ep_ranks(e->ep),
+                      e->plan.from_file ? RANK_PLAN_FILE : "expert e on rank e mod N, read from the model folder",
+                      e->plan.spine_rank ? "split by layers over the ranks" : "whole on rank 0");
     for (int r = 0; e->ep && r < ep_ranks(e->ep) && n < (int)cap; r++) {
         const ep_rank_info *in = ep_rank(e->ep, r);
+        int first = -1, last = -1;
+        for (int l = 0; e->plan.spine_rank && l < e->plan.n_layers; l++)
+            if (e->plan.spine_rank[l] == r) last = l, first = first < 0 ? l : first;
+        char layers[48] = "";
+        if (first >= 0) snprintf(layers, sizeof layers, " (layers %d-%d)", first, last);
         n += snprintf(buf + n, cap - n, "  rank %d on %s: holds %lld routed experts (%lld also held elsewhere), "
-                      "%d cache slots (%.1f MiB), reads %s\n", r, in->host, (long long)in->held,
+                      "%d cache slots (%.1f MiB), spine %.1f MiB%s, reads %s\n", r, in->host, (long long)in->held,
                       (long long)in->computed, in->cache_slots, (double)in->cache_bytes / (1 << 20),
-                      in->folder[0] ? in->folder : "the model folder's shards");
+                      (double)in->spine_bytes / (1 << 20), layers, in->folder[0] ? in->folder : "the model folder's shards");
     }
     return DF_OK;
 }
@@ -725,7 +768,7 @@ const char *df_engine_heat_note(const df_engine *e) { return store_heat_note(e->
 void df_engine_profile(const df_engine *e, df_profile *out) {
     *out = e->model.prof;
     out->spine_compute = out->total - out->spine_read - out->expert_read - out->attention - out->expert_compute -
-                         out->lm_head;
+                         out->lm_head - out->spine_remote;
     if (out->spine_compute < 0) out->spine_compute = 0;
 }
 

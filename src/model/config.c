@@ -354,21 +354,24 @@ static int64_t params_mla(const df_config *c) {
     return q + (Lc + c->rope) * d + Lc + H * (c->nope + c->vdim) * Lc + d * H * c->vdim + gate;
 }
 
+int64_t config_layer_params(const df_config *c, int i) {
+    int64_t d = c->d, Dz = config_expert_dim(c);
+    int64_t n = 2 * d + (c->attn_res_block ? 4 * d : 0);
+    n += c->mixer[i] == MIXER_KDA ? params_kda(c) : params_mla(c);
+    if (c->ffn[i] == FFN_DENSE) return n + 3 * (int64_t)c->dense_inter * d;
+    n += (int64_t)c->n_experts * (d + 1) + 3 * (int64_t)c->moe_inter * c->n_shared * d;
+    if (c->latent_dim) n += 2 * Dz * d + (c->latent_norm ? Dz : 0);
+    return n;
+}
+
 void config_param_counts(const df_config *c, df_param_counts *out) {
     int64_t d = c->d, Dz = config_expert_dim(c);
     memset(out, 0, sizeof *out);
     out->spine = 2 * (int64_t)c->vocab * d + d + (c->attn_res_block ? 2 * d : 0);
     out->per_expert = 3 * (int64_t)c->moe_inter * Dz;
     for (int i = 0; i < c->n_layers; i++) {
-        out->spine += 2 * d + (c->attn_res_block ? 4 * d : 0);
-        out->spine += c->mixer[i] == MIXER_KDA ? params_kda(c) : params_mla(c);
-        if (c->ffn[i] == FFN_DENSE) {
-            out->spine += 3 * (int64_t)c->dense_inter * d;
-            continue;
-        }
-        out->n_moe_layers++;
-        out->spine += (int64_t)c->n_experts * (d + 1) + 3 * (int64_t)c->moe_inter * c->n_shared * d;
-        if (c->latent_dim) out->spine += 2 * Dz * d + (c->latent_norm ? Dz : 0);
+        out->spine += config_layer_params(c, i);
+        out->n_moe_layers += c->ffn[i] != FFN_DENSE;
     }
     out->experts = out->per_expert * c->n_experts * out->n_moe_layers;
 }

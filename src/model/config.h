@@ -63,6 +63,8 @@ typedef struct {
     int64_t spine, per_expert, experts, n_moe_layers;
 } df_param_counts;
 void config_param_counts(const df_config *c, df_param_counts *out);
+/* The spine parameters of layer i (its mixer, norms, router and shared or dense FFN: what counts in .spine). */
+int64_t config_layer_params(const df_config *c, int i);
 
 /* Width of the routed experts' input/output (latent width for K3, d otherwise). */
 static inline int config_expert_dim(const df_config *c) { return c->latent_dim ? c->latent_dim : c->d; }

@@ -251,6 +251,13 @@ int fwd_need(df_fwd *f, const df_tensor *w) {
 }
 
 int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out) {
+    if (f->remote) {
+        const model_peers *p = f->m->peers;
+        double t0 = df_now();
+        int rc = p->matmul(p->ctx, f->layer, store_layer_tensor_key(f->L, w), w, x, T, out, f->err);
+        model_clock(&f->m->prof.spine_remote, t0);
+        return rc;
+    }
     int rc = fwd_need(f, w);
     if (!rc) kern_matmul(f->m->kern, w, x, T, out);
     return rc;
@@ -466,6 +473,7 @@ int model_forward_batch(df_model *m, model_seg *seg, int n_seg, const int32_t *t
         model_clock(&m->prof.spine_read, t0);
         if (rc) break;
         f.L = L;
+        f.remote = m->peers && m->peers->spine_rank && m->peers->spine_rank[i] != 0;
         rc = c->attn_res_block ? layer_attnres(&f, &ps, &ar, T, &sc, h) : layer_plain(&f, &ps, h, T, &sc);
         if (L) store_layer_release(m->store, L);
         if (!rc) rc = pass_step(&ps, i, c->n_layers, err);

@@ -23,13 +23,15 @@ typedef struct df_fwd {
     scratch *sc;               /* &m->sc */
     df_error *err;
     const df_store_layer *L;   /* the acquired layer (its spine) */
+    int remote;                /* the layer's matrices are on another rank (model_peers.spine_rank) */
 } df_fwd;
 
 /* Makes one of this layer's matrices usable (store_layer_need: a layer streamed in parts swaps in the part
  * holding it); called right before each use, in the order the mixers and FFNs use them. The wait counts as
  * spine reading. */
 int fwd_need(df_fwd *f, const df_tensor *w);
-/* out[T, rows of w] = x w^T once w is usable (fwd_need); non-zero when its part cannot be read. */
+/* out[T, rows of w] = x w^T once w is usable (fwd_need), or computed by the rank holding the layer's spine;
+ * non-zero when its part cannot be read or that rank fails. */
 int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out);
 
 /* Mixers and FFNs: x/out are [T, d] (all rows of the pass); out is overwritten. The mixers run each of

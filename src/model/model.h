@@ -32,12 +32,19 @@ typedef struct moe_job {
 /* The other ranks, as rank 0's MoE layers see them. assign chooses who computes each expert (deterministic);
  * dispatch sends the job to the ranks that have a share; collect receives group g's outputs computed elsewhere:
  * out[u] (NULL for those rank 0 computes) gets rows[u] x Dz floats, each row its routing weight x the expert's
- * output, exactly what rank 0 would have computed. */
+ * output, exactly what rank 0 would have computed.
+ *
+ * With the spine split over ranks (spine_rank non-NULL), a layer whose spine_rank is not 0 has its matrices on
+ * that rank (all but those the attention reads itself, MLA's kv_b): matmul sends it x [T, cols of w] and
+ * returns out [T, rows of w] as it computed it, with the same kernels, so the result is the same bits. */
 typedef struct model_peers {
     void *ctx;
     void (*assign)(void *ctx, moe_job *job);
     int (*dispatch)(void *ctx, const moe_job *job, df_error *err);
     int (*collect)(void *ctx, const moe_job *job, int g, float *const *out, df_error *err);
+    const int16_t *spine_rank;     /* [n_layers]; NULL: every layer's spine is here */
+    int (*matmul)(void *ctx, int layer, const char *key, const df_tensor *w, const float *x, int T, float *out,
+                  df_error *err);
 } model_peers;
 
 typedef struct df_model {

@@ -109,8 +109,9 @@ typedef struct {
     int n_uniq;
 } df_routing;
 
-/* Routes the batch with w's router; r's arrays are taken from the scratch arena (the caller releases them). */
-static void route_batch(df_fwd *f, const moe_weights *w, const float *x, int T, df_routing *r) {
+/* Routes the batch with w's router (usable here: the caller made it so, or it is on the rank holding the layer);
+ * r's arrays are taken from the scratch arena (the caller releases them). */
+static int route_batch(df_fwd *f, const moe_weights *w, const float *x, int T, df_routing *r) {
     const df_config *c = &f->m->cfg;
     int E = c->n_experts, k = c->topk;
     r->ids = SCRATCH_NEW(f->sc, int, (int64_t)T * k);
@@ -119,8 +120,10 @@ static void route_batch(df_fwd *f, const moe_weights *w, const float *x, int T, 
     size_t mark = scratch_mark(f->sc);
     float *s = SCRATCH_F32(f->sc, (int64_t)T * E), *choice = SCRATCH_F32(f->sc, E);
     uint8_t *taken = scratch_alloc(f->sc, E), *used = scratch_zalloc(f->sc, E);
-    kern_matmul(f->m->kern, w->gate, x, T, s);
-    for (int t = 0; t < T; t++) {
+    int rc = DF_OK;
+    if (f->remote) rc = fwd_matmul(f, w->gate, x, T, s);
+    else kern_matmul(f->m->kern, w->gate, x, T, s);
+    for (int t = 0; !rc && t < T; t++) {
         float *st = s + (int64_t)t * E;
         for (int e = 0; e < E; e++) st[e] = kern_sigmoid(st[e]);
         route_token(c, st, w->bias, r->ids + t * k, r->wts + t * k, choice, taken);
@@ -130,6 +133,7 @@ static void route_batch(df_fwd *f, const moe_weights *w, const float *x, int T, 
     for (int e = 0; e < E; e++)
         if (used[e]) r->uniq[r->n_uniq++] = e;
     scratch_release(f->sc, mark);
+    return rc;
 }
 
 static size_t route_scratch_bytes(const df_config *c, int T) {
@@ -341,7 +345,7 @@ void moe_guess(df_fwd *f, const float *h, int T) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
     int read_ranks, d = c->d, G = DF_MIN(T, MOE_GUESS_ROWS);
-    if (c->ffn[f->layer] != FFN_MOE || !store_layer_ready(f->m->store, f->L, w->gate)) return;
+    if (c->ffn[f->layer] != FFN_MOE || f->remote || !store_layer_ready(f->m->store, f->L, w->gate)) return;
     int plan = store_lookahead_plan(f->m->store, f->layer, &read_ranks);
     if (!plan) return;
     size_t mark = scratch_mark(f->sc);
@@ -364,7 +368,7 @@ size_t moe_guess_scratch_bytes(const df_config *c, int T) {
 }
 
 /* With other ranks (expert parallelism): who computes each expert of the union, and the job they get. Storage
- * counts the whole union (heat, traces) but reads only rank 0's share. */
+ * counts the whole union (heat, traces) but reads only rank 0's share. The job is sent later (moe_job_send). */
 static int moe_job_start(df_fwd *f, const df_routing *r, const expert_part *p, const float *z, int T, moe_job *job) {
     const df_config *c = &f->m->cfg;
     int nu = r->n_uniq;
@@ -378,13 +382,16 @@ static int moe_job_start(df_fwd *f, const df_routing *r, const expert_part *p, c
         if (!rank[u]) mine[n++] = r->uniq[u];
     int rc = store_experts_note(f->m->store, f->layer, r->uniq, nu, f->err);
     if (!rc) rc = store_experts_read(f->m->store, f->layer, mine, n, f->err);
-    if (!rc) rc = f->m->peers->dispatch(f->m->peers->ctx, job, f->err);
     return rc;
 }
 
+static int moe_job_send(df_fwd *f, const moe_job *job) { return f->m->peers->dispatch(f->m->peers->ctx, job, f->err); }
+
 /* Routing first, then the reads are issued; everything that needs no routed expert (the shared experts, the
  * latent down-projection) runs while they are in flight, then the routed experts in arrival order. With other
- * ranks the latent rows come first, since their share needs them. */
+ * ranks the latent rows come first, since their share needs them; when another rank holds this layer's spine,
+ * the job goes out after the shared experts, which that rank computes first, so that rank 0 does not wait
+ * for them behind that rank's share of the experts. */
 int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     const df_config *c = &f->m->cfg;
     const moe_weights *w = &f->w->moe;
@@ -393,7 +400,11 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
     if (rc) return rc;
     size_t mark = scratch_mark(f->sc);
     df_routing r;
-    route_batch(f, w, x, T, &r);
+    rc = route_batch(f, w, x, T, &r);
+    if (rc) {
+        scratch_release(f->sc, mark);
+        return rc;
+    }
     expert_part *p = expert_parts(f, &r, T);
     moe_job job, *jp = f->m->peers ? &job : NULL;
     float *z = NULL, *y = NULL, *sh = NULL;
@@ -403,10 +414,12 @@ int moe_forward(df_fwd *f, const float *x, int T, float *out) {
         rc = fwd_matmul(f, w->latent_down, x, T, z);
     }
     if (!rc && jp) rc = moe_job_start(f, &r, p, z ? z : x, T, jp);
+    if (!rc && jp && !f->remote) rc = moe_job_send(f, jp);
     if (!rc && w->shared.gate) {
         sh = SCRATCH_F32(f->sc, (int64_t)T * c->d);
         rc = ffn_dense_forward(f, &w->shared, x, T, sh);
     }
+    if (!rc && jp && f->remote) rc = moe_job_send(f, jp);
     if (!rc && !jp && w->latent_down) {
         z = SCRATCH_F32(f->sc, (int64_t)T * Dz);
         rc = fwd_matmul(f, w->latent_down, x, T, z);

@@ -226,6 +226,29 @@ static void catalog_check_unused_int8(df_store *st) {
     free(files);
 }
 
+/* The spine split over ranks: matrices this process does not use leave the spine's bytes, and their views lose
+ * their data, so that a use of one by mistake faults instead of quietly reading the disk. Vectors (a [1, n]
+ * projection too) stay: every rank copies its own at bind. */
+static void catalog_foreign_items(df_store *st, int layer, store_item *it, int n) {
+    for (int i = 0; i < n; i++) {
+        const df_tensor *v = &it[i].view;
+        if (!it[i].usable || v->ndim != 2 || v->shape[0] < 2 || v->shape[1] < 2 ||
+            st->opts.spine_keep(st->opts.spine_keep_ctx, layer, it[i].key))
+            continue;
+        it[i].foreign = 1;
+        it[i].view.data = NULL;
+        it[i].view.scale = NULL;
+        st->spine_bytes -= it[i].ref.t->end - it[i].ref.t->begin;
+        st->foreign_bytes += it[i].ref.t->end - it[i].ref.t->begin;
+    }
+}
+
+void catalog_mark_foreign(df_store *st) {
+    if (!st->opts.spine_keep) return;
+    for (int l = 0; l < st->n_layers; l++) catalog_foreign_items(st, l, st->layers[l].items, st->layers[l].n);
+    catalog_foreign_items(st, st->n_layers, st->globals, st->n_globals);
+}
+
 int catalog_use_int8_spine(df_store *st, df_error *err) {
     if (st->opts.spine != DF_SPINE_INT8) {
         catalog_check_unused_int8(st);

@@ -51,7 +51,7 @@ static int store_layer_units(df_store *st, int layer, uint64_t cap, spine_unit *
     for (int i = 0; i < n; i++) region[i] = part[i] = -1;
     for (int o = 0; o < n; o++) {
         int i = order[o];
-        if (glob && plan_global_skipped(st, &items[i])) continue;
+        if (items[i].foreign || (glob && plan_global_skipped(st, &items[i]))) continue;
         for (int j = 0; j < n && region[i] < 0; j++)   /* the same bytes under another key */
             if (j != i && region[j] >= 0 && items[j].ref.t == items[i].ref.t) region[i] = region[j], part[i] = part[j];
         if (region[i] >= 0) continue;
@@ -160,6 +160,7 @@ static uint64_t store_largest_tensor(const df_store *st) {
     uint64_t big = 0;
     for (int l = 0; l < st->n_layers; l++)
         for (int i = 0; i < st->layers[l].n; i++) {
+            if (st->layers[l].items[i].foreign) continue;
             store_ref r = st->layers[l].items[i].ref;
             spine_region reg = {.off = store_ref_offset(st, r), .len = r.t->end - r.t->begin};
             big = DF_MAX(big, spine_unit_bytes(&(spine_unit){.n = 1, .r = &reg}));
@@ -284,19 +285,15 @@ static uint64_t store_min_budget(df_store *st, uint64_t min_cache) {
     return need + (1ull << 30);
 }
 
-int plan_build(df_store *st, df_error *err) {
+/* The budget's split before any spine plan: the working reserve, the expert slots' size and the minimum cache.
+ * Returns what the weights, the cache and the reserve share (the budget less the session state). */
+static uint64_t plan_sizes(df_store *st, uint64_t *min_cache) {
     uint64_t full = st->opts.mem_budget ? st->opts.mem_budget : budget_default_bytes(), state = st->opts.state_bytes;
-    char b1[32], b2[32];
     st->opts.mem_budget = full;
-    if (state >= full) {
-        store_print_gib(b1, sizeof b1, full);
-        store_print_gib(b2, sizeof b2, state);
-        return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for a session of %lld tokens (its state "
-                            "takes %s); lower --ctx or raise --mem", st->dir, b1, (long long)st->opts.state_tokens,
-                            b2), DF_ENOMEM;
-    }
-    uint64_t budget = full - state;   /* what the weights, the cache and the working reserve share */
+    uint64_t budget = state < full ? full - state : 0;
     st->reserve_bytes = DF_MIN(DF_MAX(budget / 16, 64ull << 20), 1ull << 30);
+    st->slot_bytes = 0;
+    st->n_experts_total = 0;
     for (int l = 0; l < st->n_layers; l++)
         for (int e = 0; e < st->n_experts[l]; e++) {
             store_expert *x = &st->experts[l][e];
@@ -306,8 +303,27 @@ int plan_build(df_store *st, df_error *err) {
         }
     uint64_t min_slots = (uint64_t)DF_MIN(st->n_experts_total, STORE_MIN_SLOTS);
     if (st->opts.cache_slots > 0) min_slots = (uint64_t)st->opts.cache_slots;
-    uint64_t min_cache = min_slots * st->slot_bytes, spine_used = st->spine_bytes;
     st->min_slots = min_slots;
+    *min_cache = min_slots * st->slot_bytes;
+    return budget;
+}
+
+int store_spine_fits(df_store *st) {
+    uint64_t min_cache, budget = plan_sizes(st, &min_cache);
+    return st->reserve_bytes + st->spine_bytes + min_cache <= budget;
+}
+
+int plan_build(df_store *st, df_error *err) {
+    uint64_t min_cache, budget = plan_sizes(st, &min_cache), full = st->opts.mem_budget, state = st->opts.state_bytes;
+    char b1[32], b2[32];
+    if (state >= full) {
+        store_print_gib(b1, sizeof b1, full);
+        store_print_gib(b2, sizeof b2, state);
+        return df_error_set(err, DF_ENOMEM, "%s: memory budget %s is too small for a session of %lld tokens (its state "
+                            "takes %s); lower --ctx or raise --mem", st->dir, b1, (long long)st->opts.state_tokens,
+                            b2), DF_ENOMEM;
+    }
+    uint64_t min_slots = st->min_slots, spine_used = st->spine_bytes;
     st->min_budget = store_min_budget(st, min_cache) + state;
     if (st->opts.experts_only) spine_used = 0;   /* never touched: mapped, nothing read, nothing budgeted */
     else if (st->opts.spine_stream || st->opts.head_tile_rows > 0 || st->opts.spine_part_bytes ||

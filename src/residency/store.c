@@ -64,7 +64,7 @@ static int store_warm_items(const df_store *st, const store_item *it, int n, int
     int k0 = k;
     for (int i = 0; i < n; i++) {
         const st_file *f = it[i].ref.t ? &st->ck.shards[it[i].ref.shard] : NULL;
-        if (!f || !f->map || !it[i].usable || (glob && plan_global_skipped(st, &it[i]))) continue;
+        if (!f || !f->map || !it[i].usable || it[i].foreign || (glob && plan_global_skipped(st, &it[i]))) continue;
         r[k++] = (warm_range){f->map + store_ref_offset(st, it[i].ref), it[i].ref.t->end - it[i].ref.t->begin};
     }
     qsort(r + k0, (size_t)(k - k0), sizeof *r, warm_range_cmp);
@@ -91,7 +91,14 @@ int store_open_ex(df_store **out, const char *dir, const store_opts *opts, df_er
     if (!rc) rc = catalog_build_tables(st, err);
     ckpt_drop_tensors(&st->ck);
     if (!rc) rc = catalog_use_int8_spine(st, err);
+    if (!rc) catalog_mark_foreign(st);
     if (!rc) rc = experts_build(st, err);
+    if (!rc && st->opts.catalog_only) {   /* tables and sizes only: nothing is read or planned */
+        rc = store_open_place(st, err);
+        if (rc) store_free(st);
+        else *out = st;
+        return rc;
+    }
     if (!rc) rc = store_open_io(st, err);
     if (!rc) rc = plan_build(st, err);
     if (!rc) st->ra = readahead_new(st->n_layers, st->opts.lookahead, st->cache, st->pool);
@@ -244,20 +251,42 @@ int store_layer_acquire(df_store *st, int layer, const df_store_layer **out, df_
     return DF_OK;
 }
 
-static int store_item_part(const df_store_layer *l, const df_tensor *t) {
+static const store_item *store_item_of(const df_store_layer *l, const df_tensor *t) {
     const store_item *it = (const store_item *)(const void *)((const char *)t - offsetof(store_item, view));
     DF_ASSERT(it >= l->items && it < l->items + l->n);
-    return l->part[it - l->items];
+    return it;
+}
+
+/* The part of a layer streamed in parts that holds t; -1 for a foreign matrix, which none holds. */
+static int store_item_part(const df_store_layer *l, const df_tensor *t) {
+    const store_item *it = store_item_of(l, t);
+    return it->foreign ? -1 : l->part[it - l->items];
+}
+
+const char *store_layer_tensor_key(const df_store_layer *l, const df_tensor *t) { return store_item_of(l, t)->key; }
+int store_layer_holds(const df_store_layer *l, const df_tensor *t) { return !store_item_of(l, t)->foreign; }
+
+static uint64_t store_items_bytes(const store_item *it, int n) {
+    uint64_t b = 0;
+    for (int i = 0; i < n; i++)
+        if (it[i].usable && !it[i].foreign) b += it[i].ref.t->end - it[i].ref.t->begin;
+    return b;
+}
+
+uint64_t store_spine_bytes_of(const df_store *st, int layer) {
+    if (layer == st->n_layers) return store_items_bytes(st->globals, st->n_globals);
+    return store_items_bytes(st->layers[layer].items, st->layers[layer].n);
 }
 
 int store_layer_ready(const df_store *st, const df_store_layer *layer, const df_tensor *t) {
     const df_store_layer *l = &st->layers[layer->index];
+    if (store_item_of(l, t)->foreign) return 0;
     return !st->spine || l->n_parts <= 1 || l->held == store_item_part(l, t);
 }
 
 int store_layer_need(df_store *st, const df_store_layer *layer, const df_tensor *t, df_error *err) {
     df_store_layer *l = &st->layers[layer->index];
-    if (!st->spine || l->n_parts <= 1) return DF_OK;
+    if (!st->spine || l->n_parts <= 1 || store_item_of(l, t)->foreign) return DF_OK;   /* foreign: not here */
     return store_layer_hold(st, l, store_item_part(l, t), err);
 }
 
@@ -353,6 +382,8 @@ void store_get_stats(df_store *st, store_stats *o) {
     o->expert_bytes = st->slot_bytes;
     o->spine_mapped = !st->spine;
     o->head_tiles = st->head_tiled ? st->head.n : 0;
+    o->spine_bytes = st->opts.experts_only ? 0 : st->spine_bytes;
+    o->foreign_spine_bytes = st->foreign_bytes;
     if (st->spine) {
         o->resident_spine_bytes = spine_resident_bytes(st->spine);
         o->stream_buffer_bytes = spine_stream_bytes(st->spine);

@@ -57,6 +57,13 @@ typedef struct store_opts {
                                     model folder's (a rank's own expert folder) */
     int experts_only;            /* the budget goes to the reserve and the expert cache: this process never uses
                                     the spine (a rank computing experts for rank 0) */
+    /* The spine split over ranks: whether this process uses the matrix key of layer (layer == the layer count:
+     * a top-level tensor); those it does not are never read, warmed or budgeted, and their views have no data.
+     * Vectors are always kept (the model copies them at open). NULL: every matrix. */
+    int (*spine_keep)(void *ctx, int layer, const char *key);
+    void *spine_keep_ctx;
+    int catalog_only;            /* open the tables and sizes only, for planning (store_spine_fits,
+                                    store_spine_bytes_of): nothing can be acquired or read */
 } store_opts;
 
 /* What storage did since open: cache behaviour, bytes read, and how memory was split. */
@@ -78,6 +85,7 @@ typedef struct store_stats {
     uint64_t warm_loads;                  /* reads started by warming from saved heat */
     double io_busy_s;                     /* seconds with reads in flight on the I/O pool */
     int head_tiles;                       /* lm_head streamed in this many row tiles (0: in memory whole) */
+    uint64_t spine_bytes, foreign_spine_bytes;   /* the spine this process uses; the matrices other ranks hold */
 } store_stats;
 
 int store_open(df_store **out, const char *dir, df_error *err);
@@ -112,7 +120,7 @@ void store_layer_release(df_store *st, const df_store_layer *l);
  * mixers and FFNs use their matrices) reads each part once per pass. A no-op for a layer held whole. */
 int store_layer_need(df_store *st, const df_store_layer *l, const df_tensor *t, df_error *err);
 /* Whether t (a tensor of layer) is usable now without waiting for a read: always, unless the layer is streamed
- * in parts and t is in a part not in memory. */
+ * in parts and t is in a part not in memory, or t is a matrix another rank holds (store_opts.spine_keep). */
 int store_layer_ready(const df_store *st, const df_store_layer *layer, const df_tensor *t);
 /* Acquires a layer and reads all its parts in turn, then releases it: checks its spine can be read. */
 int store_layer_check(df_store *st, int layer, df_error *err);
@@ -124,6 +132,17 @@ int store_layer_table(df_store *st, int layer, const df_store_layer **out, df_er
  * placed, whatever the streaming state: for reading small tensors once at open without loading their layer. The
  * data may be unaligned (copy it before typed reads). -1 when absent or unusable. */
 int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const char *suffix, df_tensor *out);
+
+/* The spine bytes of a layer (layer == the layer count: the top-level tensors) this process holds. */
+uint64_t store_spine_bytes_of(const df_store *st, int layer);
+/* Whether the spine this process holds would be resident under the options' budget (no streaming), beside the
+ * working reserve, the session state and the smallest expert cache: what plan_build decides first. */
+int store_spine_fits(df_store *st);
+
+/* The checkpoint key (relative to the layer, "self_attn.q_proj.weight") of a tensor of l's table. */
+const char *store_layer_tensor_key(const df_store_layer *l, const df_tensor *t);
+/* Whether this process holds t's bytes (not a matrix another rank holds: store_opts.spine_keep). */
+int store_layer_holds(const df_store_layer *l, const df_tensor *t);
 
 /* Number of routed experts stored for a layer (0 for dense layers). */
 int store_expert_count(const df_store *st, int layer);

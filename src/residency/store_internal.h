@@ -42,6 +42,7 @@ typedef struct store_item {
     store_ref ref;
     int usable;
     int int8;            /* view is an int8 spine span (scales then rows), see int8_spine.h */
+    int foreign;         /* a matrix another rank holds (store_opts.spine_keep): never read, placed or budgeted */
     df_tensor view;
 } store_item;
 
@@ -83,6 +84,7 @@ struct df_store {
     /* statistics for store_describe */
     int64_t n_tensors, n_ignored, n_unknown;   /* ignored: non-text; unknown: not in the name table */
     uint64_t total_bytes, spine_bytes, expert_bytes, ignored_bytes, unknown_bytes;
+    uint64_t foreign_bytes;      /* spine matrices other ranks hold (store_opts.spine_keep) */
     store_dtype_stat dtypes[16];
     int n_dtypes;
     char *problems;
@@ -132,6 +134,7 @@ void store_align_view(df_store *st, df_tensor *v, int elem_size);
 void store_item_place(store_item *it, const uint8_t *p);
 int catalog_build_tables(df_store *st, df_error *err);
 int catalog_use_int8_spine(df_store *st, df_error *err);
+void catalog_mark_foreign(df_store *st);
 
 /* experts.c: pairing and checking routed experts, reading them into cache slots */
 const char *experts_mat_name(int m);

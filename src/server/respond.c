@@ -282,12 +282,14 @@ char *respond_props_json(srv *s) {
     json_object_set_new(o, "prompt_cache", pc);
     json_t *ranks = json_array();   /* expert parallelism: who serves the model and what each holds */
     for (int r = 0; r < s->n_ranks; r++)
-        json_array_append_new(ranks, json_pack("{s:i,s:s,s:s,s:I,s:I,s:i,s:I}", "rank", r, "host", s->ranks[r].host,
-                                               "expert_folder", s->ranks[r].folder, "experts_held",
+        json_array_append_new(ranks, json_pack("{s:i,s:s,s:s,s:I,s:I,s:i,s:I,s:I,s:i,s:i}", "rank", r, "host",
+                                               s->ranks[r].host, "expert_folder", s->ranks[r].folder, "experts_held",
                                                (json_int_t)s->ranks[r].experts_held, "experts_shared",
                                                (json_int_t)s->ranks[r].experts_shared, "cache_slots",
                                                s->ranks[r].cache_slots, "cache_bytes",
-                                               (json_int_t)s->ranks[r].cache_bytes));
+                                               (json_int_t)s->ranks[r].cache_bytes, "spine_bytes",
+                                               (json_int_t)s->ranks[r].spine_bytes, "spine_first_layer",
+                                               s->ranks[r].spine_first, "spine_layers", s->ranks[r].spine_layers));
     json_object_set_new(o, "n_ranks", json_integer(s->n_ranks));
     json_object_set_new(o, "ranks", ranks);
     char *t = json_dumps(o, JSON_COMPACT);

@@ -3,7 +3,9 @@
 # byte-identical to one process with 1, 2, 3 and 4 ranks; a rank plan by `deltafin place --ranks` (each rank reads
 # its own folder) identical too and shown by info; a rank whose folder lacks its experts, a stopped rank and a
 # killed rank are errors naming the rank within 10 s; the server reports its ranks in /props, answers an in-flight
-# request with an error once a rank stops, and /health says which.
+# request with an error once a rank stops, and /health says which. With the spine split over the ranks (by layers,
+# --spine-split on, or auto under a budget too small for all of it) every fixture is byte-identical too, each rank
+# holding only its layers' matrices; ranks that disagree on splitting are refused naming the rank.
 set -u
 cd "$(dirname "$0")/../.."
 bin=./deltafin
@@ -38,6 +40,41 @@ for f in tests/fixtures/*/; do
     done
     [ "$same" = " 1 2 3 4" ] && ok "$name: logits byte-identical to one process with 1, 2, 3 and 4 ranks"
 done
+
+# the spine split over the ranks by layers: the same bits, since each projection runs the same kernel on the
+# same matrix, only on the rank holding it
+for f in tests/fixtures/*/; do
+    f=${f%/}
+    name=$(basename "$f")
+    $bin logits -m "$f" --prompt "$f/prompt.json" -o "$dir/ref.f32" --cache-slots 3 -t 1 2>/dev/null || continue
+    same=""
+    for n in 2 4; do
+        mpi "$n" $bin logits -m "$f" --prompt "$f/prompt.json" -o "$dir/n.f32" --cache-slots 3 -t 1 --spine-split on \
+            >"$dir/out" 2>&1 && cmp -s "$dir/ref.f32" "$dir/n.f32" && same="$same $n" ||
+            bad "$name, spine split over $n ranks: $(tail -c 300 "$dir/out")"
+    done
+    [ "$same" = " 2 4" ] && ok "$name: spine split over 2 and 4 ranks: logits byte-identical to one process"
+done
+# auto: a Kimi-Linear-shaped synthetic (real widths, 380 MiB of spine) under a 400 MiB budget, which one process
+# can only stream its spine in: two ranks split it, each holding about half, with the same logits
+$bin synth --family kimi-linear --layers 3 --experts 4 --vocab 512 -o "$dir/syn" >/dev/null 2>&1
+pr=tests/fixtures/kl-bf16/prompt.json
+$bin logits -m "$dir/syn" --prompt $pr -o "$dir/ref.f32" --mem 400M -t 1 2>"$dir/err" || bad "synth reference: $(tail -c 200 "$dir/err")"
+mpi 2 $bin info -m "$dir/syn" --mem 400M >"$dir/out" 2>&1
+spine() { grep "rank $1 on" "$dir/out" | sed -n 's/.*spine \([0-9.]*\) MiB.*/\1/p'; }
+s0=$(spine 0) s1=$(spine 1)
+grep -q "spine split by layers over the ranks" "$dir/out" && [ -n "$s0" ] && [ -n "$s1" ] &&
+    [ "$(echo "$s0 < 300 && $s1 < 300 && $s0 + $s1 > 370" | bc)" = 1 ] &&
+    ok "auto: under 400 MiB two ranks split the spine ($s0 + $s1 MiB)" || bad "auto split: $(grep -A3 '^ranks' "$dir/out" | head -c 500)"
+mpi 2 $bin logits -m "$dir/syn" --prompt $pr -o "$dir/n.f32" --mem 400M -t 1 >"$dir/out" 2>&1 && cmp -s "$dir/ref.f32" "$dir/n.f32" &&
+    ok "auto split: logits byte-identical to one process streaming its spine" || bad "auto split logits: $(tail -c 300 "$dir/out")"
+timeout 60 mpirun --oversubscribe --bind-to none -np 1 $bin logits -m "$dir/syn" --prompt $pr -o "$dir/n.f32" --mem 400M -t 1 : \
+    -np 1 $bin logits -m "$dir/syn" --prompt $pr -o "$dir/n.f32" --mem 400M -t 1 --spine-split off >"$dir/out" 2>&1 &&
+    bad "ranks disagreeing on the spine split were accepted" ||
+    { grep -q "rank 1 does not split the spine over the ranks and rank 0 does" "$dir/out" &&
+        ok "ranks disagreeing on the split: $(grep -m1 'split the spine' "$dir/out" | head -c 150)" ||
+        bad "split mismatch: $(head -c 400 "$dir/out")"; }
+rm -rf "$dir/syn"
 
 # a rank plan: each rank's experts in its own folder; heat from a run first, so the plan spreads by it
 m=$dir/m

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "common/util.h"
 #include "dist/rank_plan.h"
 #include "test.h"
 
@@ -104,6 +105,23 @@ int main(void) {
               "refused: %s", n, err.msg);
         snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
         if (system(cmd)) fprintf(stderr, "could not remove %s\n", dir);
+        /* the spine by layers: contiguous runs, rank 0's counting the top-level tensors, shares within a layer */
+        int ne8[8] = {E, E, E, E, E, E, E, E};
+        int64_t lb[8] = {300, 100, 100, 100, 100, 100, 100, 100}, share[8] = {0};
+        rank_plan sp;
+        rank_plan_build(&sp, n, NULL, 8, ne8, NULL);
+        uint64_t before = sp.checksum;
+        rank_plan_split_spine(&sp, lb, 200);
+        int contiguous = 1;
+        int64_t worst = 0;
+        for (int l = 1; l < 8; l++) contiguous &= sp.spine_rank[l] >= sp.spine_rank[l - 1];
+        share[0] = 200;
+        for (int l = 0; l < 8; l++) share[sp.spine_rank[l]] += lb[l];
+        for (int r = 0; r < n; r++) worst = DF_MAX(worst, llabs(share[r] - 1200 / n));
+        CHECK(contiguous && worst <= 300 && sp.checksum != before && sp.spine_rank[7] == n - 1,
+              "%d ranks: spine split by layers contiguously, shares within %lld bytes of 1/N (a layer is 100-300)",
+              n, (long long)worst);
+        rank_plan_free(&sp);
         rank_plan_free(&p);
         rank_plan_free(&mod);
     }
