@@ -102,9 +102,9 @@ typedef struct df_engine_opts {
                                  rank 0 of an expert-parallel engine (README "Several machines"); the other ranks
                                  call df_engine_serve. DF_RANKS_ONE (0, the default): this process alone */
     int spine_split;          /* with several ranks: DF_SPINE_SPLIT_AUTO (0) splits the spine by layers over the ranks
-                                 when the whole of it and the smallest expert cache would not fit the budget (each
-                                 rank then holds about 1/N of it and computes its layers' projections for rank 0),
-                                 else rank 0 holds all of it; _ON and _OFF force either (give every rank the same) */
+                                 when one process would have to stream part of it under the budget (each rank then
+                                 holds about 1/N of it and computes its layers' projections for rank 0), else rank
+                                 0 holds all of it; _ON and _OFF force either (give every rank the same) */
     /* GPU (CUDA, found at run time; the binary needs no CUDA toolkit): "auto" uses GPU 0 when a driver, NVRTC and
      * a device are present and the model fits its budget, else the CPU (df_engine_describe says why); "off" the
      * CPU; "N" GPU N, failing the open with the reason when it cannot be used. NULL = $DELTAFIN_GPU, else auto. */
@@ -265,6 +265,7 @@ typedef struct df_rank_info {
     int cache_slots;
     uint64_t cache_bytes;
     uint64_t expert_disk_bytes, expert_hits, expert_misses;
+    uint64_t lookahead_loads;              /* its reads started by look-ahead guesses */
     uint64_t spine_bytes;                  /* the spine matrices and vectors it holds */
     int spine_first, spine_layers;         /* the layers whose projections it computes (spine split), or 0, 0 */
 } df_rank_info;

@@ -67,6 +67,7 @@ cleanup() {
     for r in $(seq 0 $((n - 1))); do rm -f "$work/disk$r.img"; done
     ip link del dfbr0 2>/dev/null || true
     rm -f "$work/agent.sh" "$work/rank.sh" "$work/hosts"
+    rm -rf "$work"/tmp[0-9]*
     if [ -n "$placed" ]; then
         if [ -f "$work/placement.saved" ]; then mv -f "$work/placement.saved" "$model/.deltafin/placement"
         else rm -f "$model/.deltafin/placement"; fi
@@ -123,11 +124,14 @@ for r in $(seq 0 $((n - 1))); do
 done
 
 # mpirun reaches a "host" by entering its namespace (the rsh agent), and each rank enters its cgroups. nsenter
-# rather than `ip netns exec`: the latter mounts a fresh /sys, which hides /sys/fs/cgroup from the rank.
+# rather than `ip netns exec`: the latter mounts a fresh /sys, which hides /sys/fs/cgroup from the rank. The
+# "hosts" share one hostname and /tmp, so each daemon gets a TMPDIR of its own for Open MPI's session files.
 cat >"$work/agent.sh" <<EOF
 #!/bin/sh
 host=\$1; shift
-exec nsenter --net=/run/netns/dfr\$((\${host##*.} - 10)) sh -c "\$*"
+i=\$((\${host##*.} - 10))
+mkdir -p $work/tmp\$i
+exec nsenter --net=/run/netns/dfr\$i env TMPDIR=$work/tmp\$i sh -c "\$*"
 EOF
 cat >"$work/rank.sh" <<EOF
 #!/bin/sh
@@ -139,12 +143,32 @@ EOF
 chmod +x "$work/agent.sh" "$work/rank.sh"
 sync && echo 3 >/proc/sys/vm/drop_caches
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1
-timeout -k 10 "$limit" mpirun -np "$n" --hostfile "$hosts" --bind-to none --mca plm_rsh_agent "$work/agent.sh" \
-    --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" \
-    --mca oob_tcp_if_include "$net.0/24" -x DELTAFIN_NET_DELAY_US="$delay" \
-    "$work/rank.sh" "$bin" "$@" -m "$model" --expert-dirs "$folders" 9>&- &
-job=$!   # 9>&-: orted daemonizes, and must not keep the run's lock after it
-wait "$job" || rc=$?
+# Open MPI's launch through the agent has been seen to stall with a daemon that never reported back and no rank
+# started (mpirun then waits for it until the limit): a launch whose ranks have not all started within START_S
+# seconds (default 60) is ended and made again, once.
+start_s=${START_S:-60}
+for try in 1 2; do
+    rm -f "$work"/rank*.pid
+    timeout -k 10 "$limit" mpirun -np "$n" --hostfile "$hosts" --bind-to none --mca plm_rsh_agent "$work/agent.sh" \
+        --mca plm_rsh_no_tree_spawn 1 --mca btl tcp,self --mca btl_tcp_if_include "$net.0/24" \
+        --mca oob_tcp_if_include "$net.0/24" -x DELTAFIN_NET_DELAY_US="$delay" \
+        "$work/rank.sh" "$bin" "$@" -m "$model" --expert-dirs "$folders" 9>&- &
+    job=$!   # 9>&-: orted daemonizes, and must not keep the run's lock after it
+    started=0
+    for _ in $(seq $((start_s * 10))); do
+        [ "$(ls "$work"/rank*.pid 2>/dev/null | wc -l)" -ge "$n" ] && { started=1; break; }
+        kill -0 "$job" 2>/dev/null || { started=1; break; }   # ended early: its status says why
+        sleep 0.1
+    done
+    [ "$started" = 1 ] && break
+    echo "$0: $(ls "$work"/rank*.pid 2>/dev/null | wc -l) of $n ranks started within $start_s s (the launch" \
+         "stalled); $([ "$try" = 1 ] && echo "launching again" || echo "giving up")" >&2
+    kill "$job" 2>/dev/null
+    pkill -f "orted .*$work/agent.sh" 2>/dev/null
+    wait "$job" 2>/dev/null
+    rc=124
+done
+[ "$started" = 1 ] && { rc=0; wait "$job" || rc=$?; }
 job=
 # evidence that the emulation carried the run: each link's bytes and each rank's throttled reads
 for r in $(seq 0 $((n - 1))); do

@@ -342,7 +342,8 @@ typedef struct bench_result {
     int passes, drafted, accepted;
     const char *spec;        /* speculation mode */
     int ranks;                          /* expert parallelism: ranks serving the engine */
-    uint64_t rank_disk[2][64];          /* each rank's expert disk bytes after prefill, after decode */
+    uint64_t rank_disk[2][64], rank_la[2][64];   /* each rank's expert disk bytes, look-ahead reads: after prefill,
+                                                   after decode */
     df_net_stats net[2];                /* rank 0's traffic with the other ranks, the same two moments */
     const char *backend;     /* "cpu" or "cuda" */
     double gpu_gbps;         /* on a GPU: its measured memory read rate */
@@ -357,23 +358,9 @@ static int bench_rank_snap(df_engine *eng, bench_result *r, int k, df_error *err
         df_rank_info in;
         int rc = df_engine_rank_info(eng, i, &in, err);
         if (rc) return rc;
-        r->rank_disk[k][i] = in.expert_disk_bytes;
+        r->rank_disk[k][i] = in.expert_disk_bytes, r->rank_la[k][i] = in.lookahead_loads;
     }
     return DF_OK;
-}
-
-/* The precision of the guesses per confidence rank, summed over n layers' counters, for the ranks that named
- * any expert: a JSON array, or percentages separated by spaces. */
-static void print_rank_precision(const df_layer_lookahead *la, int n, int json) {
-    if (json) putchar('[');
-    for (int rank = 0, k = 0; rank < DF_LOOKAHEAD_RANKS; rank++) {
-        uint64_t g = 0, rec = 0;
-        for (int l = 0; l < n; l++) g += la[l].guessed_rank[rank], rec += la[l].recalled_rank[rank];
-        if (!g) continue;
-        if (json) printf("%s%.4f", k++ ? "," : "", (double)rec / (double)g);
-        else printf("%s%.0f%%", k++ ? " " : "", 100.0 * (double)rec / (double)g);
-    }
-    if (json) putchar(']');
 }
 
 /* Per stream (= per pass when not speculating): s/token, compute-only, breakdown. Per generated token (all
@@ -400,10 +387,13 @@ static void print_result(const bench_result *r, int json, const char *dir) {
     double bound = DF_MAX(floor_stream, r->compute_s), ratio = bound > 0 ? spt / bound : 0;
     static const char *const la_modes[] = {"auto", "on", "off"};
     const char *la_mode = la_modes[r->lookahead >= 0 && r->lookahead <= 2 ? r->lookahead : 0];
-    char rank_list[64 * 24] = "";
-    for (int i = 0, at = 0; i < r->ranks; i++)
+    char rank_list[64 * 24] = "", la_list[64 * 24] = "";
+    for (int i = 0, at = 0, al = 0; i < r->ranks; i++) {
         at += snprintf(rank_list + at, sizeof rank_list - (size_t)at, "%s%.0f", i ? "," : "",
                        (double)(r->rank_disk[1][i] - r->rank_disk[0][i]) / gen);
+        al += snprintf(la_list + al, sizeof la_list - (size_t)al, "%s%.2f", i ? "," : "",
+                       (double)(r->rank_la[1][i] - r->rank_la[0][i]) / gen);
+    }
     double net_bpt = (double)(r->net[1].bytes_sent + r->net[1].bytes_recv - r->net[0].bytes_sent - r->net[0].bytes_recv) / gen;
     /* rank 0 blocked on the others: on the network itself (the messages' travel), and on them still working */
     double net_wait = (r->net[1].link_wait_s - r->net[0].link_wait_s) / gen;
@@ -443,7 +433,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                "\"spine_compute\":%.6f,\"attention\":%.6f,\"expert_compute\":%.6f,\"lm_head\":%.6f,\"other\":%.6f},"
                "\"ranks\":%d,\"rank_disk_bytes_per_token\":[%s],\"net_bytes_per_token\":%.0f,"
                "\"net_wait_s_per_token\":%.6f,\"rank_wait_s_per_token\":%.6f,\"spine_remote_s_per_token\":%.6f,"
-               "\"generated\":[",
+               "\"rank_lookahead_loads_per_token\":[%s],\"generated\":[",
                dir, gen, r->prompt, spt, floor, r->compute_s, ratio, floor_stream > 0 ? spt / floor_stream : 0,
                r->compute_wall_s, (unsigned long long)r->compute_disk_bytes, r->reruns,
                r->rerun_same ? "true" : "false", la_mode, bpt, ebpt, sbpt, r->disk_gbps, r->probe_gbps, r->engine_gbps,
@@ -454,7 +444,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                r->s2.io_uring ? "uring" : "pread", recall, la_loads / gen, r->prof.spine_read / n,
                r->prof.expert_read / n, r->prof.spine_compute / n, r->prof.attention / n, r->prof.expert_compute / n,
                r->prof.lm_head / n, other > 0 ? other : 0, r->ranks, rank_list, net_bpt, net_wait,
-               rank_wait, r->prof.spine_remote / n);
+               rank_wait, r->prof.spine_remote / n, la_list);
         for (int i = 0; i < r->n; i++) printf("%s%d", i ? "," : "", r->tokens[i]);
         printf("],\"generated_streams\":[");
         for (int k = 0; k < r->parallel; k++) {
@@ -475,11 +465,11 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                        (unsigned long long)r->la[l].requests, (unsigned long long)r->la[l].recalled,
                        r->la[l].requests ? (double)r->la[l].recalled / (double)r->la[l].requests : 0.0,
                        (unsigned long long)r->la[l].loads, r->la[l].read_ranks);
-                print_rank_precision(&r->la[l], 1, 1);
+                cli_lookahead_precision(stdout, &r->la[l], 1, 1);
                 printf("}");
             }
         printf("],\"lookahead_precision_by_rank\":");
-        print_rank_precision(r->la, r->n_layers, 1);
+        cli_lookahead_precision(stdout, r->la, r->n_layers, 1);
         printf("}\n");
         return;
     }
@@ -550,7 +540,7 @@ static void print_result(const bench_result *r, int json, const char *dir) {
                100 * recall, la_loads / gen, r->parallel > 1 ? "generated token" : "token");
         cli_lookahead_layers(stdout, r->la, r->n_layers, "at the end");
         printf("\n  precision of the guesses by confidence rank, all layers: ");
-        print_rank_precision(r->la, r->n_layers, 0);
+        cli_lookahead_precision(stdout, r->la, r->n_layers, 0);
         printf("\n");
     }
     printf("  peak RSS %.2f GiB\n", r->rss_peak / 1073741824.0);

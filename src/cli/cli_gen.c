@@ -204,6 +204,18 @@ void cli_profile_line(cli_model *m, int index, df_profile *prev) {
     *prev = now;
 }
 
+void cli_lookahead_precision(FILE *f, const df_layer_lookahead *la, int n, int json) {
+    if (json) fputc('[', f);
+    for (int rank = 0, k = 0; rank < DF_LOOKAHEAD_RANKS; rank++) {
+        uint64_t g = 0, rec = 0;
+        for (int l = 0; l < n; l++) g += la[l].guessed_rank[rank], rec += la[l].recalled_rank[rank];
+        if (!g) continue;
+        if (json) fprintf(f, "%s%.4f", k++ ? "," : "", (double)rec / (double)g);
+        else fprintf(f, "%s%.0f%%", k++ ? " " : "", 100.0 * (double)rec / (double)g);
+    }
+    if (json) fputc(']', f);
+}
+
 int cli_lookahead_layers(FILE *f, const df_layer_lookahead *la, int n, const char *when) {
     int any = 0;
     for (int l = 0; l < n; l++) {

@@ -84,6 +84,9 @@ void cli_lookahead_line(df_engine *eng, FILE *f);
 /* The per-layer recall and ranks read (at `when`) of n layers' look-ahead counters, without a newline;
  * returns how many layers had a guess. */
 int cli_lookahead_layers(FILE *f, const df_layer_lookahead *la, int n, const char *when);
+/* The precision of the guesses per confidence rank, summed over n layers' counters, for the ranks that named
+ * any expert: a JSON array, or percentages separated by spaces. */
+void cli_lookahead_precision(FILE *f, const df_layer_lookahead *la, int n, int json);
 
 /* One line on stderr: passes, tokens per pass, drafted/accepted of a generation (with speculation on). */
 void cli_spec_summary(const cli_model *m, const gen_result *res);

@@ -50,7 +50,7 @@ enum { CLI_OPT_MEM = 0x1000, CLI_OPT_CACHE_SLOTS, CLI_OPT_SPINE_STREAM, CLI_OPT_
     "                    present and the model fits, else the CPU; info shows the plan\n"                          \
     "  --gpu-mem SIZE    GPU memory budget for weights, states and working memory (default: free less 1 GiB)\n" \
     "  --spine-split auto|on|off  under mpirun: split the spine by layers over the ranks; auto (default) when\n" \
-    "                    it would not fit one rank's --mem whole (give every rank the same)\n"
+    "                    one process would stream part of it under --mem (give every rank the same)\n"
 
 /* An integer / a number for option `flag` in [lo, hi]: 1 and *out set, or -1 after printing an error that
  * names the flag, the accepted range and the value given. A number's bounds are decimal text ("0.1"),

@@ -15,7 +15,7 @@
 #define MAGIC_HELLO 0x4f4c4548u   /* "HELO" */
 #define MAGIC_JOB 0x424f4a44u     /* "DJOB" */
 #define MAGIC_REPLY 0x59504552u   /* "REPY" */
-enum { KIND_WORK = 0, KIND_CLOSE = 1, KIND_STATS = 2, KIND_SPINE = 3 };
+enum { KIND_WORK = 0, KIND_CLOSE = 1, KIND_STATS = 2, KIND_SPINE = 3, KIND_HINT = 4 };
 /* A job's rows: a pass takes at most a few thousand; this bounds what a rank allocates for a message. */
 #define EP_MAX_ROWS (1 << 16)
 #define EP_MAX_MSG ((size_t)1 << 30)
@@ -44,12 +44,24 @@ typedef struct ep_job_head {
     int32_t kind, layer, T, k, Dz, n_uniq, n_groups, pad;
 } ep_job_head;
 
-/* A projection of a layer the receiving rank holds: x [T, cols] follows; the answer is [T, rows] floats. */
+/* A look-ahead guess of a layer's experts: n ids, then their n confidence ranks. No answer. */
+typedef struct ep_hint_head {
+    uint32_t magic, seq;
+    int32_t kind, layer, n, pad;
+} ep_hint_head;
+
+/* Projections of a layer the receiving rank holds, all of one input: n ep_spine_mat, then x [T, cols]; the
+ * answer is each one's [T, rows] floats in turn. */
+#define EP_SPINE_MAX 8
 typedef struct ep_spine_head {
     uint32_t magic, seq;
-    int32_t kind, layer, T, cols, rows, pad;
-    char key[64];
+    int32_t kind, layer, T, cols, n, pad;
 } ep_spine_head;
+
+typedef struct ep_spine_mat {
+    char key[64];
+    int32_t rows, pad;
+} ep_spine_mat;
 
 typedef struct ep_reply_head {
     uint32_t magic, seq;
@@ -59,7 +71,7 @@ typedef struct ep_reply_head {
 } ep_reply_head;
 
 typedef struct ep_stats_body {
-    uint64_t expert_disk_bytes, expert_hits, expert_misses;
+    uint64_t expert_disk_bytes, expert_hits, expert_misses, lookahead_loads;
 } ep_stats_body;
 
 struct dist_ep {
@@ -217,19 +229,43 @@ static int ep_collect(void *ctx, const moe_job *job, int g, float *const *out, d
     return DF_OK;
 }
 
-/* A projection of a layer another rank holds: the input goes there, the answer comes back checked. */
-static int ep_spine_matmul(void *ctx, int layer, const char *key, const df_tensor *w, const float *x, int T,
-                           float *out, df_error *err) {
+/* The guess goes to every other rank before the layer's attention; a failed send is a lost rank, which the
+ * layer's own exchange then reports. */
+static void ep_hint(void *ctx, int layer, const int *ids, const int *rank, int n) {
+    dist_ep *ep = ctx;
+    int N = comm_size(ep->c);
+    if (atomic_load(&ep->lost) || n < 1) return;
+    size_t len = sizeof(ep_hint_head) + 2 * (size_t)n * sizeof(int32_t);
+    uint8_t *b = tx_room(ep, len);
+    *(ep_hint_head *)b = (ep_hint_head){MAGIC_JOB, ep->seq, KIND_HINT, layer, n, 0};
+    memcpy(b + sizeof(ep_hint_head), ids, (size_t)n * sizeof(int32_t));
+    memcpy(b + sizeof(ep_hint_head) + (size_t)n * sizeof(int32_t), rank, (size_t)n * sizeof(int32_t));
+    for (int r = 1; r < N; r++) ep->to[r - 1] = r;
+    df_error e = {0};
+    ep_send_to(ep, ep->to, N - 1, b, len, DIST_TAG_JOB, &e);
+}
+
+/* Projections of a layer another rank holds: the input goes there, the answers come back checked. */
+static int ep_spine_matmul(void *ctx, int layer, int n, const char *const *keys, const df_tensor *const *w,
+                           const float *x, int T, float *const *out, df_error *err) {
     dist_ep *ep = ctx;
     int rc = ep_check_alive(ep, err), r = ep->plan->spine_rank[layer];
     if (rc) return rc;
-    int64_t cols = w->shape[1], rows = w->shape[0];
-    size_t len = sizeof(ep_spine_head) + (size_t)T * (size_t)cols * sizeof(float);
+    DF_ASSERT(n >= 1 && n <= EP_SPINE_MAX);
+    int64_t cols = w[0]->shape[1], rows = 0;
+    size_t head = sizeof(ep_spine_head) + (size_t)n * sizeof(ep_spine_mat);
+    size_t len = head + (size_t)T * (size_t)cols * sizeof(float);
     uint8_t *b = tx_room(ep, len);
-    ep_spine_head h = {MAGIC_JOB, ++ep->seq, KIND_SPINE, layer, T, (int32_t)cols, (int32_t)rows, 0, {0}};
-    snprintf(h.key, sizeof h.key, "%s", key);
-    memcpy(b, &h, sizeof h);
-    memcpy(b + sizeof h, x, len - sizeof h);
+    *(ep_spine_head *)b = (ep_spine_head){MAGIC_JOB, ++ep->seq, KIND_SPINE, layer, T, (int32_t)cols, n, 0};
+    ep_spine_mat *mats = (ep_spine_mat *)(b + sizeof(ep_spine_head));
+    for (int i = 0; i < n; i++) {
+        DF_ASSERT(w[i]->shape[1] == cols);
+        memset(&mats[i], 0, sizeof mats[i]);
+        snprintf(mats[i].key, sizeof mats[i].key, "%s", keys[i]);
+        mats[i].rows = (int32_t)w[i]->shape[0];
+        rows += w[i]->shape[0];
+    }
+    memcpy(b + head, x, len - head);
     rc = ep_send_to(ep, &r, 1, b, len, DIST_TAG_JOB, err);
     if (rc) return rc;
     rc = ep_recv_reply(ep, r, KIND_SPINE, layer, 0, err);
@@ -237,10 +273,15 @@ static int ep_spine_matmul(void *ctx, int layer, const char *key, const df_tenso
     const ep_reply_head *a = ep->rx.p;
     if (a->n_floats != (int64_t)T * rows || ep->rx.n != sizeof *a + (size_t)T * (size_t)rows * sizeof(float)) {
         df_error_set(err, DF_EFORMAT, "rank %d (%s) sent %lld floats for %s of layer %d, expected %lld", r,
-                     ep->info[r].host, (long long)a->n_floats, key, layer, (long long)T * rows);
+                     ep->info[r].host, (long long)a->n_floats, keys[0], layer, (long long)T * rows);
         return ep_lose(ep, err);
     }
-    memcpy(out, a + 1, (size_t)T * (size_t)rows * sizeof(float));
+    const float *src = (const float *)(a + 1);
+    for (int i = 0; i < n; i++) {
+        size_t m = (size_t)T * (size_t)w[i]->shape[0];
+        memcpy(out[i], src, m * sizeof(float));
+        src += m;
+    }
     return DF_OK;
 }
 
@@ -272,6 +313,7 @@ static void own_info(ep_rank_info *in, dist_comm *c, df_model *m, const rank_pla
     in->expert_disk_bytes = ss.expert_disk_bytes;
     in->expert_hits = ss.expert_hits;
     in->expert_misses = ss.expert_misses;
+    in->lookahead_loads = ss.lookahead_loads;
     in->spine_bytes = ss.spine_bytes;
 }
 
@@ -284,7 +326,7 @@ int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *pl
     ep->to = xcalloc((size_t)N, sizeof *ep->to);
     ep->sent_at = xcalloc((size_t)N, sizeof *ep->sent_at);
     ep->turn = xcalloc((size_t)m->cfg.n_layers + 1, sizeof *ep->turn);
-    ep->peers = (model_peers){ep, ep_assign, ep_dispatch, ep_collect, plan->spine_rank, ep_spine_matmul};
+    ep->peers = (model_peers){ep, ep_assign, ep_dispatch, ep_collect, ep_hint, plan->spine_rank, ep_spine_matmul};
     own_info(&ep->info[0], c, m, plan, plan->folders[0]);
     for (int r = 1; r < N; r++) ep->to[r - 1] = r, snprintf(ep->info[r].host, sizeof ep->info[r].host, "rank %d", r);
     ep_hello h;
@@ -347,6 +389,7 @@ int ep_refresh_stats(dist_ep *ep, df_error *err) {
             ep->info[r].expert_disk_bytes = s->expert_disk_bytes;
             ep->info[r].expert_hits = s->expert_hits;
             ep->info[r].expert_misses = s->expert_misses;
+            ep->info[r].lookahead_loads = s->lookahead_loads;
         }
     }
     return rc;
@@ -500,6 +543,26 @@ static int serve_job(ep_server *s, df_error *err) {
     return rc;
 }
 
+/* A guess of a layer's experts: checked, then this rank's store reads ahead of those it holds as its own
+ * look-ahead decides (store_experts_hint skips the others). A malformed guess is a protocol error. */
+static int serve_hint(ep_server *s, df_error *err) {
+    const df_config *c = &s->m->cfg;
+    const ep_hint_head *h = s->rx.p;
+    if (s->rx.n < sizeof *h || h->layer < 0 || h->layer >= c->n_layers || c->ffn[h->layer] != FFN_MOE || h->n < 1 ||
+        h->n > c->n_experts || s->rx.n != sizeof *h + 2 * (size_t)h->n * sizeof(int32_t))
+        return df_error_set(err, DF_EFORMAT, "rank %d: malformed look-ahead guess from rank 0 (%zu bytes)", s->me,
+                            s->rx.n), DF_EFORMAT;
+    const int32_t *ids = (const int32_t *)(h + 1), *rank = ids + h->n;
+    for (int i = 0; i < h->n; i++)
+        if (ids[i] < 0 || ids[i] >= c->n_experts || rank[i] < 0 || rank[i] > c->topk || (i && rank[i] < rank[i - 1]))
+            return df_error_set(err, DF_EFORMAT, "rank %d: look-ahead guess from rank 0: entry %d (expert %d, "
+                                "rank %d) is invalid", s->me, i, ids[i], rank[i]), DF_EFORMAT;
+    int read_ranks, plan = store_lookahead_plan(s->m->store, h->layer, &read_ranks);
+    if (plan)
+        store_experts_hint(s->m->store, h->layer, ids, rank, h->n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
+    return DF_OK;
+}
+
 static int spine_fail(ep_server *s, const ep_spine_head *h, const df_error *why, df_error *err) {
     char msg[1024];
     int n = snprintf(msg, sizeof msg, "%s", why->msg);
@@ -508,49 +571,59 @@ static int spine_fail(ep_server *s, const ep_spine_head *h, const df_error *why,
     return reply_send(s, DIST_TAG_SPINE, &a, msg, (size_t)a.n_floats, err);
 }
 
-/* A projection of one of this rank's layers: checked against the plan and the layer's table, computed with the
+/* Projections of one of this rank's layers: checked against the plan and the layer's table, computed with the
  * kernels rank 0 would have used. A request this rank cannot trust ends the service, like a bad job; a part it
  * cannot read fails only this request. */
 static int serve_spine(ep_server *s, df_error *err) {
-    ep_spine_head h;
+    ep_spine_head h = {0};
     df_error why = {0};
-    if (s->rx.n < sizeof h) {
-        return df_error_set(err, DF_EFORMAT, "rank %d: malformed projection request from rank 0 (%zu bytes)", s->me,
-                            s->rx.n), DF_EFORMAT;
-    }
-    memcpy(&h, s->rx.p, sizeof h);
-    const float *x = (const float *)((const uint8_t *)s->rx.p + sizeof h);
     const df_config *c = &s->m->cfg;
-    int bad = h.layer < 0 || h.layer >= c->n_layers || !s->plan->spine_rank || s->plan->spine_rank[h.layer] != s->me ||
-              h.T < 1 || h.T > EP_MAX_ROWS || h.cols < 1 || h.rows < 1 || !memchr(h.key, 0, sizeof h.key) ||
-              s->rx.n != sizeof h + (size_t)h.T * (size_t)h.cols * sizeof(float);
+    if (s->rx.n >= sizeof h) memcpy(&h, s->rx.p, sizeof h);
+    size_t head = sizeof h + (size_t)DF_MAX(h.n, 0) * sizeof(ep_spine_mat);
+    int bad = s->rx.n < sizeof h || h.n < 1 || h.n > EP_SPINE_MAX || h.layer < 0 || h.layer >= c->n_layers ||
+              !s->plan->spine_rank || s->plan->spine_rank[h.layer] != s->me || h.T < 1 || h.T > EP_MAX_ROWS ||
+              h.cols < 1 || s->rx.n != head + (size_t)h.T * (size_t)h.cols * sizeof(float);
     if (bad) {
-        df_error_set(&why, DF_EFORMAT, "rank %d: malformed projection request from rank 0 (layer %d, %d rows of "
-                     "width %d, %zu bytes), or for a layer it does not hold", s->me, h.layer, h.T, h.cols, s->rx.n);
+        df_error_set(&why, DF_EFORMAT, "rank %d: malformed projection request from rank 0 (layer %d, %d projections "
+                     "of %d rows of width %d, %zu bytes), or for a layer it does not hold", s->me, h.layer, h.n, h.T,
+                     h.cols, s->rx.n);
         spine_fail(s, &h, &why, err);
         *err = why;
         return DF_EFORMAT;
     }
+    const ep_spine_mat *mats = (const ep_spine_mat *)((const uint8_t *)s->rx.p + sizeof h);
+    const float *x = (const float *)((const uint8_t *)s->rx.p + head);
     int rc = DF_OK;
     if (s->L && s->L_index != h.layer) store_layer_release(s->m->store, s->L), s->L = NULL;
     if (!s->L) rc = store_layer_acquire(s->m->store, s->L_index = h.layer, &s->L, &why);
-    const df_tensor *w = rc ? NULL : store_layer_tensor(s->L, h.key);
-    if (!rc && (!w || w->ndim != 2 || w->shape[1] != h.cols || w->shape[0] != h.rows || !store_layer_holds(s->L, w))) {
-        df_error_set(&why, DF_EINVAL, "rank %d: rank 0 asks for %s [%d, %d] of layer %d, which it does not hold as "
-                     "such (do the ranks run the same checkpoint?)", s->me, h.key, h.rows, h.cols, h.layer);
-        spine_fail(s, &h, &why, err);
-        *err = why;
-        return DF_EINVAL;
-    }
-    if (!rc) rc = store_layer_need(s->m->store, s->L, w, &why);
     if (rc) return spine_fail(s, &h, &why, err);
-    size_t n = (size_t)h.T * (size_t)h.rows, len = sizeof(ep_reply_head) + n * sizeof(float);
+    const df_tensor *w[EP_SPINE_MAX];
+    size_t n = 0;
+    for (int i = 0; i < h.n; i++) {
+        const ep_spine_mat *q = &mats[i];
+        w[i] = memchr(q->key, 0, sizeof q->key) ? store_layer_tensor(s->L, q->key) : NULL;
+        if (!w[i] || w[i]->ndim != 2 || w[i]->shape[1] != h.cols || w[i]->shape[0] != q->rows ||
+            !store_layer_holds(s->L, w[i])) {
+            df_error_set(&why, DF_EINVAL, "rank %d: rank 0 asks for %.63s [%d, %d] of layer %d, which it does not "
+                         "hold as such (do the ranks run the same checkpoint?)", s->me, q->key, q->rows, h.cols,
+                         h.layer);
+            spine_fail(s, &h, &why, err);
+            *err = why;
+            return DF_EINVAL;
+        }
+        n += (size_t)h.T * (size_t)q->rows;
+    }
+    size_t len = sizeof(ep_reply_head) + n * sizeof(float);
     if (len > s->tx_cap) {
         free(s->tx);
         s->tx_cap = len + len / 2;
         s->tx = xmalloc(s->tx_cap);
     }
-    kern_matmul(s->m->kern, w, x, h.T, (float *)(s->tx + sizeof(ep_reply_head)));
+    float *out = (float *)(s->tx + sizeof(ep_reply_head));
+    for (int i = 0; i < h.n; out += (size_t)h.T * (size_t)mats[i++].rows) {
+        if ((rc = store_layer_need(s->m->store, s->L, w[i], &why))) return spine_fail(s, &h, &why, err);
+        kern_matmul(s->m->kern, w[i], x, h.T, out);
+    }
     *(ep_reply_head *)s->tx = (ep_reply_head){MAGIC_REPLY, h.seq, KIND_SPINE, h.layer, 0, 0, (int64_t)n, 0};
     return reply_post(s, DIST_TAG_SPINE, len, err);
 }
@@ -618,13 +691,15 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
         } else if (j->kind == KIND_STATS) {
             store_stats ss;
             store_get_stats(m->store, &ss);
-            ep_stats_body b = {ss.expert_disk_bytes, ss.expert_hits, ss.expert_misses};
+            ep_stats_body b = {ss.expert_disk_bytes, ss.expert_hits, ss.expert_misses, ss.lookahead_loads};
             ep_reply_head rh = {MAGIC_REPLY, j->seq, KIND_STATS, 0, 0, 0, 0, 0};
             rc = reply_send(&s, DIST_TAG_REPLY, &rh, &b, sizeof b, err);
         } else if (j->kind == KIND_WORK) {
             rc = serve_job(&s, err);
         } else if (j->kind == KIND_SPINE) {
             rc = serve_spine(&s, err);
+        } else if (j->kind == KIND_HINT) {
+            rc = serve_hint(&s, err);
         } else {
             rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "rank %d: unknown message kind %d from rank 0", s.me,
                                           j->kind);

@@ -24,6 +24,7 @@ typedef struct ep_rank_info {
     int cache_slots;
     uint64_t cache_bytes;
     uint64_t expert_disk_bytes, expert_hits, expert_misses;   /* at the last ep_refresh_stats */
+    uint64_t lookahead_loads;  /* its reads started by look-ahead guesses */
     uint64_t spine_bytes;      /* the spine it holds */
 } ep_rank_info;
 

@@ -112,7 +112,6 @@ static int engine_rank_plan(df_engine *e, const df_engine_opts *opts, store_opts
     so->expert_mask = e->mask;
     so->expert_dirs = NULL;
     so->placement_dir = e->plan.from_file || opts->expert_dirs ? *folder : NULL;
-    so->lookahead = DF_LOOKAHEAD_OFF;   /* a guess would read experts other ranks compute */
     if (opts->spine_split != DF_SPINE_SPLIT_OFF) rc = engine_spine_split(e, opts, so, err);
     if (me > 0) {   /* rank 0 counts heat and traces; the spine is rank 0's unless split */
         so->experts_only = !e->plan.spine_rank;
@@ -340,6 +339,7 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
         out->expert_disk_bytes = ss.expert_disk_bytes;
         out->expert_hits = ss.expert_hits;
         out->expert_misses = ss.expert_misses;
+        out->lookahead_loads = ss.lookahead_loads;
         out->spine_bytes = ss.spine_bytes;
         return DF_OK;
     }
@@ -354,6 +354,7 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
     out->expert_disk_bytes = in->expert_disk_bytes;
     out->expert_hits = in->expert_hits;
     out->expert_misses = in->expert_misses;
+    out->lookahead_loads = in->lookahead_loads;
     out->spine_bytes = in->spine_bytes;
     for (int l = 0; e->plan.spine_rank && l < e->plan.n_layers; l++)
         if (e->plan.spine_rank[l] == r && !out->spine_layers++) out->spine_first = l;

@@ -250,14 +250,26 @@ int fwd_need(df_fwd *f, const df_tensor *w) {
     return rc;
 }
 
-int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out) {
-    if (f->remote) {
+int fwd_matmul_n(df_fwd *f, int n, const df_tensor *const *w, const float *x, int T, float *const *out) {
+    if (f->remote) {   /* one round trip for the n projections of x */
         const model_peers *p = f->m->peers;
+        const char *keys[MODEL_MATMUL_MAX];
+        DF_ASSERT(n >= 1 && n <= MODEL_MATMUL_MAX);
+        for (int i = 0; i < n; i++) keys[i] = store_layer_tensor_key(f->L, w[i]);
         double t0 = df_now();
-        int rc = p->matmul(p->ctx, f->layer, store_layer_tensor_key(f->L, w), w, x, T, out, f->err);
+        int rc = p->matmul(p->ctx, f->layer, n, keys, w, x, T, out, f->err);
         model_clock(&f->m->prof.spine_remote, t0);
         return rc;
     }
+    for (int i = 0; i < n; i++) {
+        int rc = fwd_matmul(f, w[i], x, T, out[i]);
+        if (rc) return rc;
+    }
+    return DF_OK;
+}
+
+int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out) {
+    if (f->remote) return fwd_matmul_n(f, 1, &w, x, T, &out);
     int rc = fwd_need(f, w);
     if (!rc) kern_matmul(f->m->kern, w, x, T, out);
     return rc;

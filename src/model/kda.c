@@ -189,12 +189,11 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     float *pre[3], *act[3];
     const df_tensor *proj[3] = {w->q, w->k, w->v};
     int rc = DF_OK;
-    for (int i = 0; !rc && i < 3; i++) {
+    for (int i = 0; i < 3; i++) {
         pre[i] = SCRATCH_F32(f->sc, TP);
         act[i] = SCRATCH_F32(f->sc, TP);
-        rc = fwd_matmul(f, proj[i], x, T, pre[i]);
     }
-    if (rc) return kda_fail(f, mark, rc);
+    if ((rc = fwd_matmul_n(f, 3, proj, x, T, pre))) return kda_fail(f, mark, rc);
     kda_record *rec = scratch_zalloc(f->sc, (size_t)n_seg * sizeof *rec);
     for (int j = 0; j < n_seg; j++) {
         df_layer_state *st = &seg[j].s->layers[f->layer];
@@ -209,12 +208,14 @@ int kda_forward(df_fwd *f, const fwd_seg *seg, int n_seg, const float *x, int T,
     }
 
     float *fa = SCRATCH_F32(f->sc, (int64_t)T * k.D), *g = pre[0];     /* reuse pre[0] for the gate */
-    if ((rc = fwd_matmul(f, w->fa, x, T, fa)) || (rc = fwd_matmul(f, w->fb, fa, T, g))) return kda_fail(f, mark, rc);
+    float *beta = SCRATCH_F32(f->sc, (int64_t)T * k.H);
+    const df_tensor *fab[2] = {w->fa, w->b};
+    float *fab_out[2] = {fa, beta};
+    if ((rc = fwd_matmul_n(f, 2, fab, x, T, fab_out)) || (rc = fwd_matmul(f, w->fb, fa, T, g)))
+        return kda_fail(f, mark, rc);
     for (int64_t i = 0; i < TP; i++) g[i] += w->dt_bias[i % k.P];
     kda_gate(c, &k, w->alog, f->m->alog_per_channel, g, T);
 
-    float *beta = SCRATCH_F32(f->sc, (int64_t)T * k.H);
-    if ((rc = fwd_matmul(f, w->b, x, T, beta))) return kda_fail(f, mark, rc);
     for (int64_t i = 0; i < (int64_t)T * k.H; i++) beta[i] = kern_sigmoid(beta[i]);
     l2norm_heads(act[0], T, &k, 1.0f / sqrtf((float)k.D));
     l2norm_heads(act[1], T, &k, 1.0f);

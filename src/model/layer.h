@@ -33,6 +33,9 @@ int fwd_need(df_fwd *f, const df_tensor *w);
 /* out[T, rows of w] = x w^T once w is usable (fwd_need), or computed by the rank holding the layer's spine;
  * non-zero when its part cannot be read or that rank fails. */
 int fwd_matmul(df_fwd *f, const df_tensor *w, const float *x, int T, float *out);
+/* out[i] = x w[i]^T for n matrices of the same width, in order: the same as n fwd_matmul calls, but a layer on
+ * another rank takes them in one round trip. */
+int fwd_matmul_n(df_fwd *f, int n, const df_tensor *const *w, const float *x, int T, float *const *out);
 
 /* Mixers and FFNs: x/out are [T, d] (all rows of the pass); out is overwritten. The mixers run each of
  * the n_seg sessions of the pass on its own layer state. Scratch taken from f->sc is released on return. */

@@ -35,16 +35,21 @@ typedef struct moe_job {
  * output, exactly what rank 0 would have computed.
  *
  * With the spine split over ranks (spine_rank non-NULL), a layer whose spine_rank is not 0 has its matrices on
- * that rank (all but those the attention reads itself, MLA's kv_b): matmul sends it x [T, cols of w] and
- * returns out [T, rows of w] as it computed it, with the same kernels, so the result is the same bits. */
+ * that rank (all but those the attention reads itself, MLA's kv_b): matmul sends it x [T, cols] once for n
+ * (at most MODEL_MATMUL_MAX) matrices w[i] of that width and returns each out[i] [T, rows of w[i]] as it
+ * computed it, with the same kernels, so the result is the same bits. */
+#define MODEL_MATMUL_MAX 8
 typedef struct model_peers {
     void *ctx;
     void (*assign)(void *ctx, moe_job *job);
     int (*dispatch)(void *ctx, const moe_job *job, df_error *err);
     int (*collect)(void *ctx, const moe_job *job, int g, float *const *out, df_error *err);
+    /* Look-ahead: the guess of a layer's experts (most confident first, rank[i] ids[i]'s confidence rank), which
+     * every other rank reads ahead of its share as its own store decides. */
+    void (*hint)(void *ctx, int layer, const int *ids, const int *rank, int n);
     const int16_t *spine_rank;     /* [n_layers]; NULL: every layer's spine is here */
-    int (*matmul)(void *ctx, int layer, const char *key, const df_tensor *w, const float *x, int T, float *out,
-                  df_error *err);
+    int (*matmul)(void *ctx, int layer, int n, const char *const *keys, const df_tensor *const *w, const float *x,
+                  int T, float *const *out, df_error *err);
 } model_peers;
 
 typedef struct df_model {

@@ -40,9 +40,12 @@ static int glu_apply(df_fwd *f, int spine, const df_tensor *gate, const df_tenso
     float *g = SCRATCH_F32(f->sc, (int64_t)B * inter), *u = SCRATCH_F32(f->sc, (int64_t)B * inter);
     for (int t0 = 0; !rc && t0 < T; t0 += B) {
         int n = DF_MIN(B, T - t0);
-        if ((rc = glu_mul(f, spine, gate, x + (int64_t)t0 * gate->shape[1], n, g)) ||
-            (rc = glu_mul(f, spine, up, x + (int64_t)t0 * up->shape[1], n, u)))
-            break;
+        const df_tensor *gu[2] = {gate, up};
+        float *gu_out[2] = {g, u};
+        const float *xt = x + (int64_t)t0 * gate->shape[1];
+        if (spine) rc = fwd_matmul_n(f, 2, gu, xt, n, gu_out);
+        else if (!(rc = glu_mul(f, spine, gate, xt, n, g))) rc = glu_mul(f, spine, up, xt, n, u);
+        if (rc) break;
         glu_act(&f->m->cfg, g, u, (int64_t)n * inter);
         rc = glu_mul(f, spine, down, g, n, out + (int64_t)t0 * down->shape[0]);
     }
@@ -338,7 +341,8 @@ static int guess_rank(const df_config *c, const df_routing *r, int T, int *best,
 /* Before the layer's attention: the layer's router (the same scoring and top-k as route_batch) applied to the
  * layer's input h, normalised with the post-attention norm, names most of what the layer will ask for once
  * attention has added its part; storage decides whether to read the guess (readahead.h), so its reads fill
- * the time attention leaves the disk idle, and scores it against what the layer asks for. It only reads ahead:
+ * the time attention leaves the disk idle, and scores it against what the layer asks for. With other ranks the
+ * guess goes to them too, each reading ahead of its own share as its own storage decides. It only reads ahead:
  * routing and results are untouched, and it never waits for the spine (the router matrix is used only when it
  * is in memory already). */
 void moe_guess(df_fwd *f, const float *h, int T) {
@@ -347,7 +351,8 @@ void moe_guess(df_fwd *f, const float *h, int T) {
     int read_ranks, d = c->d, G = DF_MIN(T, MOE_GUESS_ROWS);
     if (c->ffn[f->layer] != FFN_MOE || f->remote || !store_layer_ready(f->m->store, f->L, w->gate)) return;
     int plan = store_lookahead_plan(f->m->store, f->layer, &read_ranks);
-    if (!plan) return;
+    const model_peers *peers = f->m->peers;
+    if (!plan && !peers) return;
     size_t mark = scratch_mark(f->sc);
     float *xn = SCRATCH_F32(f->sc, (int64_t)G * d);
     for (int g = 0; g < G; g++)
@@ -357,7 +362,8 @@ void moe_guess(df_fwd *f, const float *h, int T) {
     int *best = SCRATCH_NEW(f->sc, int, c->n_experts), *ids = SCRATCH_NEW(f->sc, int, c->n_experts),
         *rank = SCRATCH_NEW(f->sc, int, c->n_experts);
     int n = guess_rank(c, &r, G, best, ids, rank);
-    store_experts_hint(f->m->store, f->layer, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
+    if (plan) store_experts_hint(f->m->store, f->layer, ids, rank, n, plan == STORE_LOOKAHEAD_READ ? read_ranks : 0);
+    if (peers) peers->hint(peers->ctx, f->layer, ids, rank, n);
     scratch_release(f->sc, mark);
 }
 

@@ -19,8 +19,8 @@
 /* The order the model uses a layer's matrices in (mixer, then FFN: see kda.c, mla.c, moe.c), so that a layer
  * streamed in parts reads each part once per pass. Anything else (vectors, copied at bind) comes first. */
 static const tensor_kind store_use_order[] = {
-    TN_ATTN_Q, TN_MLA_Q_A, TN_MLA_Q_B, TN_ATTN_K, TN_ATTN_V, TN_MLA_KV_A, TN_MLA_KV_B, TN_KDA_F_A, TN_KDA_F_B,
-    TN_KDA_B, TN_ATTN_G, TN_KDA_G_A, TN_KDA_G_B, TN_ATTN_O, TN_FFN_GATE, TN_FFN_UP, TN_FFN_DOWN, TN_MOE_ROUTER,
+    TN_ATTN_Q, TN_MLA_Q_A, TN_MLA_Q_B, TN_ATTN_K, TN_ATTN_V, TN_MLA_KV_A, TN_MLA_KV_B, TN_KDA_F_A, TN_KDA_B,
+    TN_KDA_F_B, TN_ATTN_G, TN_KDA_G_A, TN_KDA_G_B, TN_ATTN_O, TN_FFN_GATE, TN_FFN_UP, TN_FFN_DOWN, TN_MOE_ROUTER,
     TN_SHARED_GATE, TN_SHARED_UP, TN_SHARED_DOWN, TN_LATENT_DOWN, TN_LATENT_UP};
 
 static int store_use_rank(const char *key) {
@@ -308,9 +308,24 @@ static uint64_t plan_sizes(df_store *st, uint64_t *min_cache) {
     return budget;
 }
 
+
+/* Whether the spine this process holds stays in memory under the budget: it fits as it is, or a streaming plan
+ * (whole layers, or layers in parts with lm_head in tiles, the embedding left on its mapping) reads none of it
+ * in a pass. */
 int store_spine_fits(df_store *st) {
     uint64_t min_cache, budget = plan_sizes(st, &min_cache);
-    return st->reserve_bytes + st->spine_bytes + min_cache <= budget;
+    if (st->reserve_bytes + st->spine_bytes + min_cache <= budget) return 1;
+    int fits = 0;
+    for (int cut = 0; cut < 2 && !fits; cut++) {
+        spine_unit *u = NULL;
+        int n = 0;
+        uint64_t need = store_stream_plan(st, budget, min_cache, cut, cut, &u, &n);
+        fits = need <= budget && store_streamed_bytes(u, n) == 0;
+        store_units_free(u, n);
+        st->head_tiled = st->streamed_layers = st->split_layers = st->head_resident = 0;
+        for (int l = 0; l < st->n_layers; l++) st->layers[l].n_parts = 1;
+    }
+    return fits;
 }
 
 int plan_build(df_store *st, df_error *err) {

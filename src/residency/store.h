@@ -135,8 +135,8 @@ int store_layer_tensor_file(const df_store *st, const df_store_layer *l, const c
 
 /* The spine bytes of a layer (layer == the layer count: the top-level tensors) this process holds. */
 uint64_t store_spine_bytes_of(const df_store *st, int layer);
-/* Whether the spine this process holds would be resident under the options' budget (no streaming), beside the
- * working reserve, the session state and the smallest expert cache: what plan_build decides first. */
+/* Whether the spine this process holds would stay in memory whole under the options' budget, beside the working
+ * reserve, the session state and the smallest expert cache (no layer streamed, lm_head not tiled). */
 int store_spine_fits(df_store *st);
 
 /* The checkpoint key (relative to the layer, "self_attn.q_proj.weight") of a tensor of l's table. */

@@ -5,7 +5,8 @@
 # killed rank are errors naming the rank within 10 s; the server reports its ranks in /props, answers an in-flight
 # request with an error once a rank stops, and /health says which. With the spine split over the ranks (by layers,
 # --spine-split on, or auto under a budget too small for all of it) every fixture is byte-identical too, each rank
-# holding only its layers' matrices; ranks that disagree on splitting are refused naming the rank.
+# holding only its layers' matrices; ranks that disagree on splitting are refused naming the rank. Look-ahead
+# guesses reach every rank, which reads ahead of its own share.
 set -u
 cd "$(dirname "$0")/../.."
 bin=./deltafin
@@ -74,6 +75,17 @@ timeout 60 mpirun --oversubscribe --bind-to none -np 1 $bin logits -m "$dir/syn"
     { grep -q "rank 1 does not split the spine over the ranks and rank 0 does" "$dir/out" &&
         ok "ranks disagreeing on the split: $(grep -m1 'split the spine' "$dir/out" | head -c 150)" ||
         bad "split mismatch: $(head -c 400 "$dir/out")"; }
+# look-ahead over the ranks: rank 0 sends its guess of each MoE layer's experts before the attention, and each
+# rank reads ahead of its own share; the logits stay the same
+mpi 2 $bin bench -m "$dir/syn" -n 6 --prompt 4 --cache-slots 1 -t 1 --lookahead=on --heat off --probe-gb 0.05 \
+    --reruns 0 --spine-split off --json >"$dir/out" 2>"$dir/err"
+la=$(tail -1 "$dir/out" | python3 -c "import json,sys; print(json.load(sys.stdin)['rank_lookahead_loads_per_token'][1])" 2>/dev/null)
+[ -n "$la" ] && [ "$(echo "$la > 0" | bc)" = 1 ] && ok "look-ahead over 2 ranks: rank 1 read $la guessed experts per token" ||
+    bad "look-ahead over ranks: $(tail -c 300 "$dir/out") $(tail -c 200 "$dir/err")"
+$bin logits -m "$dir/syn" --prompt $pr -o "$dir/ref.f32" --cache-slots 1 -t 1 --lookahead=on 2>/dev/null
+mpi 2 $bin logits -m "$dir/syn" --prompt $pr -o "$dir/n.f32" --cache-slots 1 -t 1 --lookahead=on >"$dir/out" 2>&1 &&
+    cmp -s "$dir/ref.f32" "$dir/n.f32" && ok "look-ahead over 2 ranks: logits byte-identical to one process" ||
+    bad "look-ahead over ranks, logits: $(tail -c 300 "$dir/out")"
 rm -rf "$dir/syn"
 
 # a rank plan: each rank's experts in its own folder; heat from a run first, so the plan spreads by it
