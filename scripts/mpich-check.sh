@@ -20,7 +20,7 @@ if [ ! -x "$root/usr/bin/mpiexec.hydra" ]; then
         { echo "mpich-check: apt-get download of MPICH's packages failed"; exit 1; }
     for d in "$work"/debs/*.deb; do dpkg -x "$d" "$root"; done
 fi
-make -s B="$work" BIN="$work/deltafin" MPI_CFLAGS="-I$root/usr/include/x86_64-linux-gnu/mpich" \
+make -s -j2 B="$work" BIN="$work/deltafin" MPI_CFLAGS="-I$root/usr/include/x86_64-linux-gnu/mpich" \
     MPI_LIBS="-L$lib -lmpich" "$work/deltafin" >"$work/build.log" 2>&1 || { tail -20 "$work/build.log"; exit 1; }
 make -s deltafin >/dev/null
 export LD_LIBRARY_PATH=$lib PATH=$root/usr/bin:$PATH DELTAFIN_RANK_TIMEOUT=3
