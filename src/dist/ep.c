@@ -683,7 +683,10 @@ int ep_serve(dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, 
         if (rc) break;
         s.got_at = df_now();
         const ep_job_head *j = s.rx.p;
-        if (s.rx.n < sizeof *j || j->magic != MAGIC_JOB) {
+        /* every message starts with magic, sequence and kind; each kind checks its own size */
+        int32_t kind = s.rx.n >= 3 * sizeof(uint32_t) ? j->kind : -1;
+        if (kind < 0 || j->magic != MAGIC_JOB ||
+            ((kind == KIND_WORK || kind == KIND_STATS || kind == KIND_CLOSE) && s.rx.n < sizeof *j)) {
             rc = DF_EFORMAT, df_error_set(err, DF_EFORMAT, "rank %d: malformed message from rank 0 (%zu bytes)", s.me,
                                           s.rx.n);
         } else if (j->kind == KIND_CLOSE) {
