@@ -209,4 +209,26 @@ if worker: os.kill(int(worker[0]), 9)
 EOF
 kill "$srvjob" 2>/dev/null
 wait "$srvjob" 2>/dev/null
+# the job made again serves as before: nothing it needs was lost on disk (heat, plan, prompt cache)
+timeout 120 mpirun --enable-recovery --oversubscribe --bind-to none -np 2 \
+    $bin serve -m models/default --port $((port + 1)) -t 1 --heat off --no-prompt-cache >"$dir/so" 2>"$dir/se" &
+srvjob=$!
+pids+=($srvjob)
+python3 - $((port + 1)) <<'EOF'
+import json, sys, time, urllib.request
+base = f"http://127.0.0.1:{sys.argv[1]}"
+for _ in range(300):
+    try:
+        with urllib.request.urlopen(base + "/health", timeout=5) as r:
+            if r.status == 200: break
+    except Exception: time.sleep(0.1)
+req = urllib.request.Request(base + "/v1/completions", json.dumps({"prompt": "The old man", "max_tokens": 4,
+                             "temperature": 0}).encode(), {"Content-Type": "application/json"})
+try:
+    with urllib.request.urlopen(req, timeout=60) as r: st = r.status
+except Exception as e: st = str(e)
+print(("ok" if st == 200 else "not ok") + f" - the 2-rank server started again after the lost rank answers: {st}")
+EOF
+kill "$srvjob" 2>/dev/null
+wait "$srvjob" 2>/dev/null
 true
