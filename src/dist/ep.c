@@ -430,6 +430,14 @@ typedef struct ep_server {
     int L_index;
 } ep_server;
 
+/* Makes s->tx hold at least n bytes (its old contents are not kept). */
+static void srv_tx_room(ep_server *s, size_t n) {
+    if (n <= s->tx_cap) return;
+    free(s->tx);
+    s->tx_cap = n + n / 2;
+    s->tx = xmalloc(s->tx_cap);
+}
+
 /* Sends the reply in s->tx, stamped with this rank's time on the request. */
 static int reply_post(ep_server *s, int tag, size_t len, df_error *err) {
     ((ep_reply_head *)s->tx)->busy_s = df_now() - s->got_at;
@@ -438,11 +446,7 @@ static int reply_post(ep_server *s, int tag, size_t len, df_error *err) {
 
 static int reply_send(ep_server *s, int tag, const ep_reply_head *h, const void *body, size_t n, df_error *err) {
     size_t len = sizeof *h + n;
-    if (len > s->tx_cap) {
-        free(s->tx);
-        s->tx_cap = len + len / 2;
-        s->tx = xmalloc(s->tx_cap);
-    }
+    srv_tx_room(s, len);
     memcpy(s->tx, h, sizeof *h);
     if (n) memcpy(s->tx + sizeof *h, body, n);
     return reply_post(s, tag, len, err);
@@ -526,11 +530,7 @@ static int serve_job(ep_server *s, df_error *err) {
             if (job.rank[u] == s->me) n += (int64_t)job.rows[u] * job.Dz;
         if (!n) continue;
         size_t len = sizeof(ep_reply_head) + (size_t)n * sizeof(float);
-        if (len > s->tx_cap) {
-            free(s->tx);
-            s->tx_cap = len + len / 2;
-            s->tx = xmalloc(s->tx_cap);
-        }
+        srv_tx_room(s, len);
         rc = moe_job_serve(s->m, &job, s->me, g, (float *)(s->tx + sizeof(ep_reply_head)), &why);
         if (rc) {   /* this job fails on rank 0 with this rank's message; the next may work */
             scratch_end_pass(&s->m->sc);
@@ -614,11 +614,7 @@ static int serve_spine(ep_server *s, df_error *err) {
         n += (size_t)h.T * (size_t)q->rows;
     }
     size_t len = sizeof(ep_reply_head) + n * sizeof(float);
-    if (len > s->tx_cap) {
-        free(s->tx);
-        s->tx_cap = len + len / 2;
-        s->tx = xmalloc(s->tx_cap);
-    }
+    srv_tx_room(s, len);
     float *out = (float *)(s->tx + sizeof(ep_reply_head));
     for (int i = 0; i < h.n; out += (size_t)h.T * (size_t)mats[i++].rows) {
         if ((rc = store_layer_need(s->m->store, s->L, w[i], &why))) return spine_fail(s, &h, &why, err);
