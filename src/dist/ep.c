@@ -302,12 +302,9 @@ static void rank_counts(const rank_plan *p, int r, int64_t *held, int64_t *share
         }
 }
 
-static void own_info(ep_rank_info *in, dist_comm *c, df_model *m, const rank_plan *plan, const char *folder) {
-    snprintf(in->host, sizeof in->host, "%s", comm_host(c));
-    snprintf(in->folder, sizeof in->folder, "%s", folder ? folder : "");
-    rank_counts(plan, comm_rank(c), &in->held, &in->computed);
+void ep_rank_info_counters(ep_rank_info *in, df_store *st) {
     store_stats ss;
-    store_get_stats(m->store, &ss);
+    store_get_stats(st, &ss);
     in->cache_slots = ss.cache_slots;
     in->cache_bytes = ss.cache_bytes;
     in->expert_disk_bytes = ss.expert_disk_bytes;
@@ -315,6 +312,13 @@ static void own_info(ep_rank_info *in, dist_comm *c, df_model *m, const rank_pla
     in->expert_misses = ss.expert_misses;
     in->lookahead_loads = ss.lookahead_loads;
     in->spine_bytes = ss.spine_bytes;
+}
+
+static void own_info(ep_rank_info *in, dist_comm *c, df_model *m, const rank_plan *plan, const char *folder) {
+    snprintf(in->host, sizeof in->host, "%s", comm_host(c));
+    snprintf(in->folder, sizeof in->folder, "%s", folder ? folder : "");
+    rank_counts(plan, comm_rank(c), &in->held, &in->computed);
+    ep_rank_info_counters(in, m->store);
 }
 
 int ep_leader_open(dist_ep **out, dist_comm *c, df_model *m, const rank_plan *plan, const char *isa, df_error *err) {

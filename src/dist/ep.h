@@ -36,6 +36,8 @@ const model_peers *ep_peers(const dist_ep *ep);
 void ep_leader_close(dist_ep *ep);
 int ep_ranks(const dist_ep *ep);
 const ep_rank_info *ep_rank(const dist_ep *ep, int r);
+/* The storage counters of an ep_rank_info (cache, reads, look-ahead, spine held) from this process's store. */
+void ep_rank_info_counters(ep_rank_info *in, df_store *st);
 /* Asks every rank for its storage counters now (between passes). */
 int ep_refresh_stats(dist_ep *ep, df_error *err);
 /* Of rank 0's time blocked on the others' replies (comm_counters' wait_s), the part the messages' travel accounts

@@ -174,6 +174,12 @@ void rank_plan_split_spine(rank_plan *p, const int64_t *layer_bytes, int64_t top
     plan_checksum(p);
 }
 
+void rank_plan_spine_layers(const rank_plan *p, int r, int *first, int *count) {
+    *first = *count = 0;
+    for (int l = 0; p->spine_rank && l < p->n_layers; l++)
+        if (p->spine_rank[l] == r && !(*count)++) *first = l;
+}
+
 int rank_plan_write(const rank_plan *p, const char *dir, const char *const *folders, df_error *err) {
     size_t cap = 64 + (size_t)p->n_ranks * 1100 + (size_t)p->base[p->n_layers] * 17 + (size_t)p->n_layers * 24, at = 0;
     char *text = xmalloc(cap);

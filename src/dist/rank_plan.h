@@ -42,6 +42,8 @@ void rank_plan_build(rank_plan *p, int n_ranks, const double *weights, int n_lay
 /* Splits the spine over the ranks by layers: each rank gets a contiguous run of layers holding about 1/N of the
  * spine's bytes, rank 0's share counting the top-level tensors (embedding, lm_head), which stay with it. */
 void rank_plan_split_spine(rank_plan *p, const int64_t *layer_bytes, int64_t top_bytes);
+/* The run of layers whose spine rank r holds: its first layer and how many (0, 0 without a split or a run). */
+void rank_plan_spine_layers(const rank_plan *p, int r, int *first, int *count);
 int rank_plan_write(const rank_plan *p, const char *dir, const char *const *folders, df_error *err);
 void rank_plan_free(rank_plan *p);
 /* Whether rank r holds expert (layer, e). */

@@ -329,22 +329,17 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
     memset(out, 0, sizeof *out);
     if (r < 0 || r >= df_engine_ranks(e))
         return df_error_set(err, DF_EINVAL, "no rank %d (the engine has %d)", r, df_engine_ranks(e)), DF_EINVAL;
-    if (!e->ep) {
-        store_stats ss;
-        store_get_stats(e->store, &ss);
-        if (gethostname(out->host, sizeof out->host - 1)) snprintf(out->host, sizeof out->host, "localhost");
-        for (int l = 0; l < e->model.cfg.n_layers; l++) out->experts_held += store_expert_count(e->store, l);
-        out->cache_slots = ss.cache_slots;
-        out->cache_bytes = ss.cache_bytes;
-        out->expert_disk_bytes = ss.expert_disk_bytes;
-        out->expert_hits = ss.expert_hits;
-        out->expert_misses = ss.expert_misses;
-        out->lookahead_loads = ss.lookahead_loads;
-        out->spine_bytes = ss.spine_bytes;
-        return DF_OK;
+    ep_rank_info alone = {0};   /* this process, without other ranks: the same counters from its own store */
+    const ep_rank_info *in = &alone;
+    int rc = DF_OK;
+    if (e->ep) {
+        rc = ep_refresh_stats(e->ep, err);
+        in = ep_rank(e->ep, r);
+    } else {
+        if (gethostname(alone.host, sizeof alone.host - 1)) snprintf(alone.host, sizeof alone.host, "localhost");
+        for (int l = 0; l < e->model.cfg.n_layers; l++) alone.held += store_expert_count(e->store, l);
+        ep_rank_info_counters(&alone, e->store);
     }
-    int rc = ep_refresh_stats(e->ep, err);
-    const ep_rank_info *in = ep_rank(e->ep, r);
     snprintf(out->host, sizeof out->host, "%s", in->host);
     snprintf(out->folder, sizeof out->folder, "%s", in->folder);
     out->experts_held = in->held;
@@ -356,8 +351,7 @@ int df_engine_rank_info(df_engine *e, int r, df_rank_info *out, df_error *err) {
     out->expert_misses = in->expert_misses;
     out->lookahead_loads = in->lookahead_loads;
     out->spine_bytes = in->spine_bytes;
-    for (int l = 0; e->plan.spine_rank && l < e->plan.n_layers; l++)
-        if (e->plan.spine_rank[l] == r && !out->spine_layers++) out->spine_first = l;
+    rank_plan_spine_layers(&e->plan, r, &out->spine_first, &out->spine_layers);
     return rc;
 }
 
@@ -432,11 +426,10 @@ int df_engine_describe(const df_engine *e, char *buf, size_t cap) {
                       e->plan.spine_rank ? "split by layers over the ranks" : "whole on rank 0");
     for (int r = 0; e->ep && r < ep_ranks(e->ep) && n < (int)cap; r++) {
         const ep_rank_info *in = ep_rank(e->ep, r);
-        int first = -1, last = -1;
-        for (int l = 0; e->plan.spine_rank && l < e->plan.n_layers; l++)
-            if (e->plan.spine_rank[l] == r) last = l, first = first < 0 ? l : first;
+        int first, count;
+        rank_plan_spine_layers(&e->plan, r, &first, &count);
         char layers[48] = "";
-        if (first >= 0) snprintf(layers, sizeof layers, " (layers %d-%d)", first, last);
+        if (count) snprintf(layers, sizeof layers, " (layers %d-%d)", first, first + count - 1);
         n += snprintf(buf + n, cap - n, "  rank %d on %s: holds %lld routed experts (%lld also held elsewhere), "
                       "%d cache slots (%.1f MiB), spine %.1f MiB%s, reads %s\n", r, in->host, (long long)in->held,
                       (long long)in->computed, in->cache_slots, (double)in->cache_bytes / (1 << 20),
